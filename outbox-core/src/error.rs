@@ -1,0 +1,49 @@
+//! The one error type of `outbox_core`.
+
+/// Everything that can go wrong while recording events or reading the registry.
+///
+/// ```
+/// # use outbox_core::Error;
+/// fn describe(e: &Error) -> &'static str {
+///     match e {
+///         Error::Serialize { .. } => "the event could not become JSON; nothing was written",
+///         Error::Database(_) => "the database refused the statement",
+///         _ => "another outbox error",
+///     }
+/// }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The event could not be serialized to JSON. Nothing was written.
+    #[error("could not serialize event `{event_type}` to JSON: {source}")]
+    Serialize {
+        /// The event type that failed.
+        event_type: String,
+        /// serde_json's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The database returned an error. The caller's transaction should be rolled back.
+    #[error("outbox database error: {0}")]
+    Database(#[from] sea_orm::DbErr),
+
+    /// The connection's backend is neither PostgreSQL nor SQLite.
+    #[error("outbox supports PostgreSQL and SQLite, not {0:?}")]
+    UnsupportedBackend(sea_orm::DbBackend),
+
+    /// Two Rust types linked into this binary register the same event type.
+    #[error("event type `{event_type}` is registered by two Rust types: `{first}` and `{second}`")]
+    DuplicateEventType {
+        /// The event type both claim.
+        event_type: String,
+        /// One Rust type.
+        first: String,
+        /// The other Rust type.
+        second: String,
+    },
+}
+
+/// `Result` with [`Error`](enum@Error).
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,78 @@
+//! # outbox
+//!
+//! The transactional outbox for SeaORM. Record an event in the same database transaction as the
+//! state change it describes; a relay publishes committed events to Kafka or Pulsar. Either both
+//! the change and the event commit, or neither does.
+//!
+//! ```no_run
+//! use outbox_core::OutboxEvent;
+//! use sea_orm::{ConnectionTrait, Database, TransactionTrait};
+//! use serde::Serialize;
+//!
+//! #[derive(Serialize, OutboxEvent)]
+//! #[outbox(aggregate = "order", key = "order_id")]
+//! struct OrderCreated {
+//!     order_id: u64,
+//!     customer: String,
+//!     total_cents: i64,
+//! }
+//!
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let db = Database::connect("postgres://localhost/shop").await?;
+//! let txn = db.begin().await?;
+//! txn.execute_unprepared("INSERT INTO orders (id, total_cents) VALUES (42, 1999)").await?;
+//! OrderCreated { order_id: 42, customer: "ada".into(), total_cents: 1999 }
+//!     .record(&txn)
+//!     .await?;
+//! txn.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Ordering and locks
+//! Events of one aggregate are published in `seq` order. On PostgreSQL, `record` takes a
+//! transaction-scoped advisory lock on the aggregate before it inserts, so a second transaction
+//! recording for the same aggregate waits for the first to finish: `seq` order is commit order.
+//!
+//! **Deadlock rule.** The lock is held until commit. A transaction that records events of several
+//! aggregates should record them with one [`record_all`] or [`record_new_events`] call, which
+//! locks them in one canonical order. Two transactions that call `record` for aggregates A then B,
+//! and B then A, can deadlock; PostgreSQL then aborts one of them (SQLSTATE `40P01`), which is safe
+//! to retry. Record as late in the transaction as you can, to hold the lock briefly.
+//!
+//! Writers in other languages take the same lock:
+//! `SELECT pg_advisory_xact_lock(hashtextextended(aggregate_type || ':' || aggregate_id, 0))`.
+//!
+//! # Schema
+//! See [`schema`] (plain SQL) and [`migration`] (sea-orm-migration).
+
+mod error;
+mod event;
+#[cfg(feature = "migration")]
+pub mod migration;
+mod record;
+mod registry;
+pub mod schema;
+
+pub use error::{Error, Result};
+pub use event::{NewEvent, OutboxEvent};
+pub use record::{record_all, record_new_events};
+pub use registry::{EventRegistration, check_registrations, registrations};
+
+/// The derive macro; see [`OutboxEvent`](trait@OutboxEvent).
+#[cfg(feature = "derive")]
+pub use outbox_derive::OutboxEvent;
+
+pub use sea_orm;
+pub use uuid::Uuid;
+
+/// What generated code refers to. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+    pub use std::string::String;
+
+    /// The aggregate id of an event: the `key` field, through `Display`.
+    pub fn aggregate_id_of<T: core::fmt::Display + ?Sized>(key: &T) -> String {
+        key.to_string()
+    }
+}

@@ -1,0 +1,125 @@
+//! Writing events into the outbox table: one INSERT per call, whatever the number of events.
+//!
+//! All events travel as one JSON array parameter, so every call uses the same prepared statement
+//! and no call runs into a bind-parameter limit.
+
+use crate::{Error, NewEvent, OutboxEvent, Result};
+use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement};
+use serde_json::{Value, json};
+use std::future::Future;
+use uuid::Uuid;
+
+/// Inserts `events`, of one type, with one statement, in order, and returns their ids.
+///
+/// On PostgreSQL the aggregates' locks are taken in one canonical order (ascending lock key)
+/// before anything is inserted, so two `record_all` calls over the same aggregates cannot deadlock.
+///
+/// ```no_run
+/// # use outbox_core::OutboxEvent;
+/// # #[derive(serde::Serialize, OutboxEvent)]
+/// # #[outbox(aggregate = "order", key = "order_id")]
+/// # struct OrderShipped { order_id: u64 }
+/// # async fn f(txn: &sea_orm::DatabaseTransaction) -> outbox_core::Result<()> {
+/// let shipped = [OrderShipped { order_id: 1 }, OrderShipped { order_id: 2 }];
+/// let ids = outbox_core::record_all(txn, &shipped).await?;
+/// assert_eq!(ids.len(), 2);
+/// # Ok(()) }
+/// ```
+pub fn record_all<'t, E: OutboxEvent>(
+    txn: &'t DatabaseTransaction,
+    events: &[E],
+) -> impl Future<Output = Result<Vec<Uuid>>> + Send + 't {
+    // Serialize now, so the future borrows nothing but the transaction.
+    let events: Result<Vec<NewEvent>> = events.iter().map(NewEvent::from_event).collect();
+    async move { insert(txn, events?).await }
+}
+
+/// Inserts events of any types, built with [`NewEvent::from_event`], with one statement, in order.
+///
+/// ```no_run
+/// # use outbox_core::{NewEvent, OutboxEvent};
+/// # #[derive(serde::Serialize, OutboxEvent)]
+/// # #[outbox(aggregate = "order", key = "order_id")]
+/// # struct OrderPaid { order_id: u64 }
+/// # #[derive(serde::Serialize, OutboxEvent)]
+/// # #[outbox(aggregate = "invoice", key = "invoice_id")]
+/// # struct InvoiceIssued { invoice_id: u64 }
+/// # async fn f(txn: &sea_orm::DatabaseTransaction) -> outbox_core::Result<()> {
+/// let events = vec![
+///     NewEvent::from_event(&OrderPaid { order_id: 1 })?,
+///     NewEvent::from_event(&InvoiceIssued { invoice_id: 9 })?.with_header("tenant", "acme"),
+/// ];
+/// outbox_core::record_new_events(txn, events).await?;
+/// # Ok(()) }
+/// ```
+pub async fn record_new_events(
+    txn: &DatabaseTransaction,
+    events: Vec<NewEvent>,
+) -> Result<Vec<Uuid>> {
+    insert(txn, events).await
+}
+
+pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> Result<Vec<Uuid>> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    let backend = txn.get_database_backend();
+    let sql = match backend {
+        DbBackend::Postgres => POSTGRES_INSERT,
+        DbBackend::Sqlite => SQLITE_INSERT,
+        other => return Err(Error::UnsupportedBackend(other)),
+    };
+    let ids = events.iter().map(|e| e.id).collect();
+    let rows: Vec<Value> = events.into_iter().map(row).collect();
+    let param = Value::Array(rows).to_string();
+    txn.execute_raw(Statement::from_sql_and_values(backend, sql, [param.into()]))
+        .await?;
+    Ok(ids)
+}
+
+fn row(event: NewEvent) -> Value {
+    let mut row = json!({
+        "id": event.id,
+        "aggregate_type": event.aggregate_type,
+        "aggregate_id": event.aggregate_id,
+        "event_type": event.event_type,
+        "event_version": event.event_version,
+        "topic": event.topic,
+        "payload": event.payload,
+    });
+    if !event.headers.is_empty() {
+        row["headers"] = json!(event.headers);
+    }
+    row
+}
+
+/// Locks every aggregate of the batch in ascending key order (so concurrent writers of the same
+/// aggregates queue instead of deadlocking), then inserts. The lock is what makes `seq` follow
+/// commit order per aggregate: a second writer of the aggregate takes its `seq` only after the
+/// first has committed or rolled back. The key is `hashtextextended(aggregate_type || ':' ||
+/// aggregate_id, 0)`; writers in other languages take the same lock.
+const POSTGRES_INSERT: &str = r#"
+WITH input AS (
+    SELECT n, e FROM jsonb_array_elements($1::text::jsonb) WITH ORDINALITY AS t(e, n)
+), locks AS MATERIALIZED (
+    SELECT pg_advisory_xact_lock(k) FROM (
+        SELECT DISTINCT hashtextextended((e->>'aggregate_type') || ':' || (e->>'aggregate_id'), 0) AS k
+        FROM input ORDER BY k
+    ) ordered_keys
+)
+INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic, payload, headers)
+SELECT (e->>'id')::uuid, e->>'aggregate_type', e->>'aggregate_id', e->>'event_type',
+       (e->>'event_version')::integer, e->>'topic', e->'payload', e->'headers'
+FROM input
+WHERE (SELECT count(*) FROM locks) >= 0
+ORDER BY n
+"#;
+
+/// SQLite has one writer at a time, so commit order is `seq` order without any lock.
+const SQLITE_INSERT: &str = r#"
+INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic, payload, headers)
+SELECT value->>'$.id', value->>'$.aggregate_type', value->>'$.aggregate_id', value->>'$.event_type',
+       value->>'$.event_version', value->>'$.topic', value->'$.payload', value->'$.headers'
+FROM json_each(?1)
+ORDER BY key
+"#;

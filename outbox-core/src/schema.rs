@@ -1,0 +1,50 @@
+//! The outbox schema as plain SQL, one step per file, for PostgreSQL and SQLite.
+//!
+//! [`migration`](crate::migration) runs these same steps through sea-orm-migration; teams that
+//! manage their schema elsewhere apply the files in `sql/` themselves.
+//!
+//! ```
+//! use outbox_core::schema;
+//! use sea_orm::DbBackend;
+//!
+//! let first = &schema::STEPS[0];
+//! assert!(first.up(DbBackend::Postgres)?.contains("CREATE TABLE IF NOT EXISTS outbox"));
+//! # Ok::<(), outbox_core::Error>(())
+//! ```
+
+use crate::{Error, Result};
+use sea_orm::DbBackend;
+
+/// One change to the schema, in both dialects.
+#[derive(Debug)]
+pub struct SchemaStep {
+    /// A stable name, recorded by migration tools.
+    pub name: &'static str,
+    postgres: &'static str,
+    sqlite: &'static str,
+    down: &'static str,
+}
+
+impl SchemaStep {
+    /// The SQL that applies this step on `backend`.
+    pub fn up(&self, backend: DbBackend) -> Result<&'static str> {
+        match backend {
+            DbBackend::Postgres => Ok(self.postgres),
+            DbBackend::Sqlite => Ok(self.sqlite),
+            other => Err(Error::UnsupportedBackend(other)),
+        }
+    }
+
+    /// The SQL that reverts this step (the same on both backends).
+    pub fn down(&self) -> &'static str {
+        self.down
+    }
+}
+
+/// Every step, oldest first.
+pub const STEPS: &[SchemaStep] = &[SchemaStep {
+    name: "m0001_outbox",
+    postgres: include_str!("../sql/postgres/0001_outbox.sql"),
+    sqlite: include_str!("../sql/sqlite/0001_outbox.sql"),
+    down: "DROP TABLE IF EXISTS processed_events; DROP TABLE IF EXISTS outbox;",
+}];

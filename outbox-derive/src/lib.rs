@@ -1,0 +1,31 @@
+//! `#[derive(OutboxEvent)]`: the derive macro of the [outbox-core] crate.
+//!
+//! Use it through `outbox_core`, which re-exports it under the trait's name:
+//!
+//! ```ignore
+//! use outbox_core::OutboxEvent;
+//!
+//! #[derive(serde::Serialize, OutboxEvent)]
+//! #[outbox(aggregate = "order", key = "order_id")]
+//! struct OrderCreated { order_id: u64, total_cents: i64 }
+//! ```
+//!
+//! The crate is laid out like serde's derive: [`ast`] parses the input, [`attr`] reads the
+//! `#[outbox(...)]` attributes, [`check`] validates them together, and [`expand`] generates code.
+//! Every attribute error of an input is reported at once, each spanned on its token.
+//!
+//! [outbox-core]: https://docs.rs/outbox-core
+
+mod ast;
+mod attr;
+mod check;
+mod expand;
+
+use proc_macro::TokenStream;
+
+/// Derives `outbox_core::OutboxEvent`; see the `outbox_core` documentation for the attributes.
+#[proc_macro_derive(OutboxEvent, attributes(outbox))]
+pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
+    let input = syn::parse_macro_input!(input as syn::DeriveInput);
+    expand::derive(&input).into()
+}

@@ -1,0 +1,118 @@
+//! Shared set-up for the integration tests: databases to test against, each test isolated.
+//!
+//! PostgreSQL comes from `DATABASE_URL`, which `scripts/test` sets after starting a throwaway
+//! cluster. A test that needs it fails with a message saying so; none is skipped.
+
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
+use std::path::PathBuf;
+
+/// The databases every backend-independent test runs against.
+#[derive(Debug, Clone, Copy)]
+pub enum Backend {
+    /// The PostgreSQL at `DATABASE_URL`, in a fresh schema.
+    Postgres,
+    /// A SQLite database file in a fresh temporary directory.
+    SqliteFile,
+    /// An in-memory SQLite database.
+    SqliteMemory,
+}
+
+/// The URL of the test PostgreSQL, or a panic that says how to get one.
+pub fn postgres_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| {
+        panic!(
+            "DATABASE_URL is not set: this test needs a real PostgreSQL. \
+             Run `scripts/test`, which starts one and sets it."
+        )
+    })
+}
+
+/// A connection to a new, empty PostgreSQL schema of its own, so tests run in parallel.
+pub async fn postgres_schema() -> (DatabaseConnection, String) {
+    let url = postgres_url();
+    let schema = format!("t_{}", uuid_suffix());
+    let admin = connect(ConnectOptions::new(url.clone())).await;
+    admin
+        .execute_unprepared(&format!("CREATE SCHEMA {schema}"))
+        .await
+        .expect("create test schema");
+    admin.close().await.ok();
+    let mut options = ConnectOptions::new(url);
+    options
+        .set_schema_search_path(schema.clone())
+        .max_connections(20);
+    (connect(options).await, schema)
+}
+
+/// A connection to a fresh database of `backend`, without the outbox schema.
+pub async fn empty(backend: Backend) -> DatabaseConnection {
+    match backend {
+        Backend::Postgres => postgres_schema().await.0,
+        Backend::SqliteFile => {
+            let path = temp_dir().join("outbox.db");
+            connect(ConnectOptions::new(format!(
+                "sqlite://{}?mode=rwc",
+                path.display()
+            )))
+            .await
+        }
+        Backend::SqliteMemory => {
+            // Each connection to :memory: is its own database: keep exactly one.
+            let mut options = ConnectOptions::new("sqlite::memory:");
+            options.max_connections(1).min_connections(1);
+            connect(options).await
+        }
+    }
+}
+
+/// A connection to a fresh database of `backend` with the outbox schema and an `orders` table.
+pub async fn database(backend: Backend) -> DatabaseConnection {
+    let db = empty(backend).await;
+    outbox_core::migration::migrate(&db)
+        .await
+        .expect("outbox migrations");
+    db.execute_unprepared("CREATE TABLE orders (id TEXT PRIMARY KEY, total_cents BIGINT NOT NULL)")
+        .await
+        .expect("create orders");
+    db
+}
+
+async fn connect(mut options: ConnectOptions) -> DatabaseConnection {
+    let url = options.get_url().to_owned();
+    options.sqlx_logging(false);
+    Database::connect(options).await.unwrap_or_else(|e| {
+        panic!(
+            "cannot connect to {url}: {e}. The tests need it running: \
+             `scripts/test` starts every service they use."
+        )
+    })
+}
+
+/// A new directory under the system's temp dir, left for the OS to clean.
+pub fn temp_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("outbox-test-{}", uuid_suffix()));
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+fn uuid_suffix() -> String {
+    outbox_core::Uuid::now_v7().simple().to_string()
+}
+
+/// Counts rows with a query returning one integer column `n`.
+pub async fn count(db: &impl ConnectionTrait, sql: &str) -> i64 {
+    let row = db
+        .query_one_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            sql,
+        ))
+        .await
+        .expect("count query")
+        .expect("one row");
+    row.try_get::<i64>("", "n").expect("column n")
+}
+
+/// Whether `db` is PostgreSQL.
+pub fn is_postgres(db: &impl ConnectionTrait) -> bool {
+    db.get_database_backend() == DbBackend::Postgres
+}
