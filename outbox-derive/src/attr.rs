@@ -1,16 +1,16 @@
 //! Reading the container attribute `#[outbox(...)]`.
 
 use proc_macro2::Span;
+use syn::meta::ParseNestedMeta;
 use syn::{Attribute, LitInt, LitStr, Path};
 
-/// A string attribute value with the span of its literal, for errors that point at it.
+/// An attribute value with the span of its literal, for errors that point at it.
 pub(crate) struct Spanned<T> {
     pub value: T,
     pub span: Span,
 }
 
-/// The parsed `#[outbox(...)]` attributes of one struct. Absent ones are `None`;
-/// [`crate::check`] decides which absences are errors.
+/// The parsed `#[outbox(...)]` attributes of one struct.
 #[derive(Default)]
 pub(crate) struct Container {
     pub aggregate: Option<Spanned<String>>,
@@ -19,143 +19,140 @@ pub(crate) struct Container {
     pub topic: Option<Spanned<String>>,
     pub version: Option<Spanned<i32>>,
     pub crate_path: Option<Path>,
+    /// Names written by the user, valid or not: an invalid value already has its error, so
+    /// [`crate::check`] must not also call the attribute missing.
+    pub written: Vec<String>,
 }
 
-/// Collects every error into `errors` rather than stopping at the first, so the user sees all of
-/// them in one compile.
+/// Parses every `#[outbox(...)]`, pushing all errors into `errors` rather than stopping at the
+/// first, so the user sees them all in one compile.
 pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Vec<syn::Error>) -> Container {
     let mut container = Container::default();
     for attr in attrs.iter().filter(|a| a.path().is_ident("outbox")) {
-        let result = attr.parse_nested_meta(|meta| {
-            let path = &meta.path;
-            let name = path
-                .get_ident()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            match name.as_str() {
-                "aggregate" => set_string(&mut container.aggregate, &meta, "aggregate", errors),
-                "key" => set_string(&mut container.key, &meta, "key", errors),
-                "event_type" => set_string(&mut container.event_type, &meta, "event_type", errors),
-                "topic" => set_string(&mut container.topic, &meta, "topic", errors),
-                "version" => {
-                    let lit: LitInt =
-                        parse_value(&meta, "version", "an integer, as in `version = 2`")?;
-                    let value = match lit.base10_parse::<i32>() {
-                        Ok(v) if v >= 1 => v,
-                        _ => {
-                            errors.push(syn::Error::new(
-                                lit.span(),
-                                "`version` must be a positive integer that fits in i32",
-                            ));
-                            return Ok(());
-                        }
-                    };
-                    set_once(
-                        &mut container.version,
-                        Spanned {
-                            value,
-                            span: lit.span(),
-                        },
-                        path,
-                        errors,
-                    );
-                    Ok(())
-                }
-                "crate" => {
-                    let lit: LitStr = parse_value(
-                        &meta,
-                        "crate",
-                        "a string path, as in `crate = \"my_outbox\"`",
-                    )?;
-                    match lit.parse::<Path>() {
-                        Ok(p) if container.crate_path.is_none() => container.crate_path = Some(p),
-                        Ok(_) => errors.push(duplicate(path)),
-                        Err(_) => errors.push(syn::Error::new(
-                            lit.span(),
-                            "`crate` must be a path such as \"outbox_core\"",
-                        )),
-                    }
-                    Ok(())
-                }
-                _ => {
-                    // Skip the value, if any, so parsing resumes at the next attribute.
-                    if meta.input.peek(syn::Token![=]) {
-                        let _: syn::Expr = meta.value()?.parse()?;
-                    }
-                    errors.push(syn::Error::new_spanned(
-                        path,
-                        format!(
-                            "unknown outbox attribute `{}`; expected one of: aggregate, key, \
-                             event_type, topic, version, crate",
-                            quote::ToTokens::to_token_stream(path)
-                        ),
-                    ));
-                    Ok(())
-                }
-            }
-        });
-        if let Err(e) = result {
+        if let Err(e) = attr.parse_nested_meta(|meta| parse_one(&mut container, &meta, errors)) {
             errors.push(e);
         }
     }
     container
 }
 
-fn set_string(
-    slot: &mut Option<Spanned<String>>,
-    meta: &syn::meta::ParseNestedMeta<'_>,
-    name: &str,
+const KNOWN: [&str; 6] = [
+    "aggregate",
+    "key",
+    "event_type",
+    "topic",
+    "version",
+    "crate",
+];
+
+fn parse_one(
+    c: &mut Container,
+    meta: &ParseNestedMeta<'_>,
     errors: &mut Vec<syn::Error>,
 ) -> syn::Result<()> {
-    let lit: LitStr = parse_value(meta, name, &format!("a string, as in `{name} = \"...\"`"))?;
-    let value = lit.value();
-    if value.trim().is_empty() {
-        errors.push(syn::Error::new(
-            lit.span(),
-            format!("`{name}` must not be empty"),
+    let name = meta
+        .path
+        .get_ident()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    if !KNOWN.contains(&name.as_str()) {
+        errors.push(syn::Error::new_spanned(
+            &meta.path,
+            format!(
+                "unknown outbox attribute `{}`; expected one of: {}",
+                quote::ToTokens::to_token_stream(&meta.path),
+                KNOWN.join(", ")
+            ),
+        ));
+        // Skip its value, if any, so the attributes after it are still read.
+        if meta.input.peek(syn::Token![=]) {
+            meta.value()?.parse::<syn::Expr>()?;
+        }
+        return Ok(());
+    }
+    let Some(value) = value_expr(meta, &name, errors)? else {
+        c.written.push(name);
+        return Ok(());
+    };
+    if c.written.contains(&name) {
+        errors.push(syn::Error::new_spanned(
+            &meta.path,
+            format!("duplicate outbox attribute `{name}`"),
         ));
         return Ok(());
     }
-    set_once(
-        slot,
-        Spanned {
-            value,
-            span: lit.span(),
-        },
-        &meta.path,
-        errors,
-    );
+    c.written.push(name.clone());
+    let stored = match name.as_str() {
+        "aggregate" => string(&name, &value).map(|v| c.aggregate = Some(v)),
+        "key" => string(&name, &value).map(|v| c.key = Some(v)),
+        "event_type" => string(&name, &value).map(|v| c.event_type = Some(v)),
+        "topic" => string(&name, &value).map(|v| c.topic = Some(v)),
+        "version" => version(&value).map(|v| c.version = Some(v)),
+        _ => crate_path(&value).map(|v| c.crate_path = Some(v)),
+    };
+    if let Err(e) = stored {
+        errors.push(e);
+    }
     Ok(())
 }
 
-/// Parses `= <literal>` of the expected kind, or explains what was expected.
-fn parse_value<T: syn::parse::Parse>(
-    meta: &syn::meta::ParseNestedMeta<'_>,
+/// The expression after `=`, or `None` (with an error pushed) when there is no `=`.
+fn value_expr(
+    meta: &ParseNestedMeta<'_>,
     name: &str,
-    expected: &str,
-) -> syn::Result<T> {
-    let value = meta.value().map_err(|_| {
-        syn::Error::new_spanned(&meta.path, format!("`{name}` needs a value: {expected}"))
-    })?;
-    let expr: syn::Expr = value.parse()?;
-    syn::parse2(quote::ToTokens::to_token_stream(&expr))
-        .map_err(|_| syn::Error::new_spanned(&expr, format!("`{name}` expects {expected}")))
+    errors: &mut Vec<syn::Error>,
+) -> syn::Result<Option<syn::Expr>> {
+    if !meta.input.peek(syn::Token![=]) {
+        errors.push(syn::Error::new_spanned(
+            &meta.path,
+            format!("`{name}` needs a value, as in `{name} = ...`"),
+        ));
+        return Ok(None);
+    }
+    Ok(Some(meta.value()?.parse()?))
 }
 
-fn set_once<T>(slot: &mut Option<T>, value: T, path: &Path, errors: &mut Vec<syn::Error>) {
-    if slot.is_some() {
-        errors.push(duplicate(path));
-    } else {
-        *slot = Some(value);
+fn string(name: &str, value: &syn::Expr) -> syn::Result<Spanned<String>> {
+    let lit: LitStr = literal(value).ok_or_else(|| {
+        syn::Error::new_spanned(
+            value,
+            format!("`{name}` expects a string, as in `{name} = \"...\"`"),
+        )
+    })?;
+    if lit.value().trim().is_empty() {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!("`{name}` must not be empty"),
+        ));
+    }
+    Ok(Spanned {
+        value: lit.value(),
+        span: lit.span(),
+    })
+}
+
+fn version(value: &syn::Expr) -> syn::Result<Spanned<i32>> {
+    let lit: LitInt = literal(value).ok_or_else(|| {
+        syn::Error::new_spanned(value, "`version` expects an integer, as in `version = 2`")
+    })?;
+    match lit.base10_parse::<i32>() {
+        Ok(v) if v >= 1 => Ok(Spanned {
+            value: v,
+            span: lit.span(),
+        }),
+        _ => Err(syn::Error::new(
+            lit.span(),
+            "`version` must be a positive integer that fits in i32",
+        )),
     }
 }
 
-fn duplicate(path: &Path) -> syn::Error {
-    syn::Error::new_spanned(
-        path,
-        format!(
-            "duplicate outbox attribute `{}`",
-            quote::ToTokens::to_token_stream(path)
-        ),
-    )
+fn crate_path(value: &syn::Expr) -> syn::Result<Path> {
+    let lit = string("crate", value)?;
+    syn::parse_str::<Path>(&lit.value)
+        .map_err(|_| syn::Error::new(lit.span, "`crate` must be a path such as \"outbox_core\""))
+}
+
+fn literal<T: syn::parse::Parse>(value: &syn::Expr) -> Option<T> {
+    syn::parse2(quote::ToTokens::to_token_stream(value)).ok()
 }

@@ -18,10 +18,12 @@ pub(crate) fn check<'a>(
     }
     let is_struct_with_fields = matches!(&input.original.data, syn::Data::Struct(s)
         if matches!(s.fields, syn::Fields::Named(_)));
-    if input.attrs.aggregate.is_none() {
+    let written = |name: &str| input.attrs.written.iter().any(|w| w == name);
+    if !written("aggregate") {
         errors.push(missing(input, "aggregate", "aggregate = \"order\""));
     }
     match &input.attrs.key {
+        None if written("key") => None,
         None => {
             errors.push(missing(input, "key", "key = \"order_id\""));
             None

@@ -1,0 +1,11 @@
+use outbox_core::OutboxEvent;
+use serde::Serialize;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "order", key = "order_id")]
+#[outbox(aggregate = "invoice")]
+struct OrderCreated {
+    order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use outbox_core::OutboxEvent;
+use serde::Serialize;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "order", key = "order_id")]
+enum OrderEvent {
+    Created { order_id: u64 },
+    Cancelled { order_id: u64 },
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use outbox_core::OutboxEvent;
+use serde::Serialize;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "order", key = "order_id")]
+struct OrderCreated<T> {
+    order_id: u64,
+    detail: T,
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use outbox_core::OutboxEvent;
+use serde::Serialize;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "order", key = "orderid")]
+struct OrderCreated {
+    order_id: u64,
+    total_cents: i64,
+}
+
+fn main() {}

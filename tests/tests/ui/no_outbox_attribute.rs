@@ -1,0 +1,9 @@
+use outbox_core::OutboxEvent;
+use serde::Serialize;
+
+#[derive(Serialize, OutboxEvent)]
+struct OrderCreated {
+    order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,9 @@
+use outbox_core::OutboxEvent;
+
+#[derive(OutboxEvent)]
+#[outbox(aggregate = "order", key = "order_id")]
+struct OrderCreated {
+    order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use outbox_core::OutboxEvent;
+use serde::Serialize;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "order", key = "0")]
+struct OrderCreated(u64, i64);
+
+fn main() {}
