@@ -8,7 +8,7 @@ use crate::{Error, Result};
 
 /// One event type, as declared by its `#[derive(OutboxEvent)]`.
 ///
-/// ```
+/// ```standalone_crate
 /// # use outbox_core::OutboxEvent;
 /// #[derive(serde::Serialize, OutboxEvent)]
 /// #[outbox(aggregate = "cart", key = "cart_id", topic = "carts")]
@@ -49,7 +49,7 @@ pub fn registrations() -> Vec<&'static EventRegistration> {
 ///
 /// Call it at start-up: a relay or consumer could not tell such events apart.
 ///
-/// ```
+/// ```standalone_crate
 /// outbox_core::check_registrations().expect("one Rust type per event type");
 /// ```
 pub fn check_registrations() -> Result<()> {

@@ -2,7 +2,7 @@
 //!
 //! Use it through `outbox_core`, which re-exports it under the trait's name:
 //!
-//! ```ignore
+//! ```
 //! use outbox_core::OutboxEvent;
 //!
 //! #[derive(serde::Serialize, OutboxEvent)]
