@@ -23,6 +23,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     -- Failed publish attempts and the last failure, kept by the relay.
     attempts        integer     NOT NULL DEFAULT 0,
     last_error      text,
+    -- Set when the relay gives up on the row (a poison event); later events of its aggregate wait.
+    parked_at       timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
     -- NULL until the relay has the broker's ack.
     published_at    timestamptz
@@ -31,6 +33,9 @@ CREATE TABLE IF NOT EXISTS outbox (
 -- The relay's claim query reads only unpublished rows, in seq order: this index stays small however
 -- large the table grows.
 CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (seq) WHERE published_at IS NULL;
+
+-- Parked rows hold back their aggregate: the claim looks them up here (normally empty).
+CREATE INDEX IF NOT EXISTS outbox_parked ON outbox (aggregate_type, aggregate_id) WHERE parked_at IS NOT NULL;
 
 -- Idempotent consumers: one row per (consumer, event) applied, written in the effect's transaction.
 CREATE TABLE IF NOT EXISTS processed_events (
