@@ -1,3 +1,50 @@
-//! The outbox relay: publishes committed outbox rows to a broker, in order per aggregate.
+//! # outbox-relay
 //!
-//! Work in progress: the claim, publish and mark loop lands with the relay issue.
+//! Publishes the events that [`outbox_core`] recorded, from the `outbox` table to a broker: at
+//! least once, in order per aggregate, with any number of replicas against one database.
+//!
+//! The loop ([`Relay::run`], in `relay.rs`): claim the oldest unpublished rows of this replica's
+//! shards, publish them all (sends pipelined), mark what the broker acked, commit. A crash between
+//! the ack and the commit re-sends the batch; a rolled-back business transaction is never seen.
+//!
+//! ## Your own relay binary
+//! The relay routes by the event types registered in its binary. To link yours in, reference the
+//! events crate (the linker drops a crate nothing uses, and its registrations with it):
+//!
+//! ```no_run
+//! // use my_events as _;
+//! fn main() -> std::process::ExitCode {
+//!     outbox_relay::cli::main()
+//! }
+//! ```
+//!
+//! ## Embedding
+//! ```no_run
+//! use outbox_relay::{Relay, RelayConfig, sink::kafka::{KafkaConfig, KafkaSink}};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let sink = KafkaSink::new(&KafkaConfig::new("127.0.0.1:9092"))?;
+//! let relay = Relay::new(RelayConfig::new("postgres://localhost/shop"), sink);
+//! relay.run(CancellationToken::new()).await;
+//! # Ok(()) }
+//! ```
+//!
+//! See `docs/design.md` for the guarantees and how replicas share the work.
+
+pub mod cli;
+mod config;
+mod leases;
+mod outbox_table;
+mod relay;
+mod routing;
+pub mod sink;
+mod status;
+pub mod wakeup;
+
+pub use config::{RelayConfig, redact_url};
+pub use outbox_table::Mode;
+pub use relay::Relay;
+pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};
+pub use status::{Status, status};
+pub use wakeup::Wakeup;

@@ -1,0 +1,91 @@
+//! The relay's settings, with their defaults.
+
+use crate::outbox_table::Mode;
+use crate::routing::DEFAULT_TOPIC_TEMPLATE;
+use crate::wakeup::Wakeup;
+use std::time::Duration;
+
+/// How a [`Relay`](crate::Relay) runs. Start from [`RelayConfig::new`] and change what you need.
+///
+/// ```
+/// use outbox_relay::{Mode, RelayConfig};
+/// use std::time::Duration;
+///
+/// let mut config = RelayConfig::new("postgres://localhost/shop");
+/// config.batch_size = 1000;
+/// config.poll_interval = Duration::from_millis(20);
+/// config.mode = Mode::Delete;
+/// assert_eq!(config.topic_template, "outbox.event.{aggregate_type}");
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RelayConfig {
+    /// `postgres://…` or `sqlite:…`.
+    pub database_url: String,
+    /// Rows claimed and published per batch. Default 500.
+    pub batch_size: usize,
+    /// How long to wait after a batch that was not full. Default 100 ms.
+    pub poll_interval: Duration,
+    /// Mark rows published, or delete them. Default [`Mode::Mark`].
+    pub mode: Mode,
+    /// The topic of events with neither a row topic nor a registered one; `{aggregate_type}` is
+    /// replaced. Default `outbox.event.{aggregate_type}`.
+    pub topic_template: String,
+    /// Park rows whose event type no `#[derive(OutboxEvent)]` in this binary registers, instead of
+    /// routing them by the template. Default false.
+    pub strict: bool,
+    /// Polling, or LISTEN/NOTIFY on PostgreSQL. Default [`Wakeup::Poll`].
+    pub wakeup: Wakeup,
+    /// How often replicas rebalance shard leases; a dead replica's shards are taken over within
+    /// about this long. Default 1 s.
+    pub lease_refresh: Duration,
+    /// The longest wait between retries after a failure (backoff with jitter). Default 30 s.
+    pub max_backoff: Duration,
+}
+
+impl RelayConfig {
+    /// The defaults, for the database at `database_url`.
+    pub fn new(database_url: impl Into<String>) -> Self {
+        RelayConfig {
+            database_url: database_url.into(),
+            batch_size: 500,
+            poll_interval: Duration::from_millis(100),
+            mode: Mode::Mark,
+            topic_template: DEFAULT_TOPIC_TEMPLATE.to_owned(),
+            strict: false,
+            wakeup: Wakeup::Poll,
+            lease_refresh: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `url` with any password replaced by `***`, for logs and errors.
+///
+/// ```
+/// assert_eq!(
+///     outbox_relay::redact_url("postgres://app:s3cret@db:5432/shop"),
+///     "postgres://app:***@db:5432/shop"
+/// );
+/// assert_eq!(outbox_relay::redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_owned()
+            };
+            format!("{}{masked}{}", &url[..scheme_end], &rest[at..])
+        }
+        None => url.to_owned(),
+    }
+}

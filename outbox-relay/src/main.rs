@@ -1,0 +1,6 @@
+//! The generic `outbox-relay` binary. It knows no event types of yours: rows are routed by their
+//! `topic` column or the topic template. Build your own three-line binary to link your events.
+
+fn main() -> std::process::ExitCode {
+    outbox_relay::cli::main()
+}

@@ -1,0 +1,228 @@
+//! The relay's reads and writes of the `outbox` table, on PostgreSQL and SQLite.
+//!
+//! PostgreSQL: the claim is a transaction: rows are locked (`FOR UPDATE SKIP LOCKED`) while they are
+//! published, and the same transaction marks them. SQLite allows one relay and one writer at a
+//! time, so rows are read without a transaction and marked in a short one after publishing, leaving
+//! the database free for the application while the broker answers.
+
+use sqlx::postgres::PgConnection;
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Connection, FromRow, Postgres, Transaction};
+use uuid::Uuid;
+
+/// An unpublished outbox row, as claimed.
+#[derive(Debug, Clone, FromRow)]
+pub(crate) struct OutboxRow {
+    pub id: String,
+    pub seq: i64,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub event_version: i32,
+    pub topic: Option<String>,
+    pub payload: String,
+    pub headers: Option<String>,
+}
+
+/// What became of each claimed row.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    /// Acked by the broker: marked published (or deleted).
+    pub published: Vec<String>,
+    /// Failed, to be tried again: attempts + 1, last error kept.
+    pub failed: Vec<(String, String)>,
+    /// Can never be published as is: parked with the reason, holding back its aggregate.
+    pub parked: Vec<(String, String)>,
+}
+
+/// After publishing: mark rows published, or delete them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Set `published_at`; a pruning job deletes old rows later.
+    #[default]
+    Mark,
+    /// Delete the row once the broker acked it.
+    Delete,
+}
+
+/// One database connection of the relay. On PostgreSQL it also holds the shard leases, so losing
+/// it loses the leases and the open claim together.
+pub(crate) enum OutboxTable {
+    Postgres(PgConnection),
+    Sqlite(SqliteConnection),
+}
+
+/// Rows claimed for one batch, and what holds them until [`Claim::settle`].
+pub(crate) struct Claim<'c> {
+    pub rows: Vec<OutboxRow>,
+    held: Held<'c>,
+}
+
+enum Held<'c> {
+    Postgres(Transaction<'c, Postgres>),
+    Sqlite(&'c mut SqliteConnection),
+}
+
+const PG_CLAIM: &str = "
+SELECT o.id::text AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
+       o.topic, o.payload::text AS payload, o.headers::text AS headers
+FROM outbox o
+WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
+  AND NOT EXISTS (SELECT 1 FROM outbox p
+                  WHERE p.parked_at IS NOT NULL AND p.published_at IS NULL
+                    AND p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id)
+ORDER BY o.seq
+LIMIT $2
+FOR UPDATE OF o SKIP LOCKED";
+
+const SQLITE_CLAIM: &str = "
+SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
+       o.topic, o.payload, o.headers
+FROM outbox o
+WHERE o.published_at IS NULL AND o.parked_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM outbox p
+                  WHERE p.parked_at IS NOT NULL AND p.published_at IS NULL
+                    AND p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id)
+ORDER BY o.seq
+LIMIT ?1";
+
+impl OutboxTable {
+    /// Opens the relay's connection to `url` (`postgres://…` or `sqlite:…`).
+    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
+        if url.starts_with("sqlite:") {
+            Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?))
+        } else {
+            Ok(OutboxTable::Postgres(PgConnection::connect(url).await?))
+        }
+    }
+
+    /// Claims up to `limit` unpublished rows of `shards`, in `seq` order, skipping aggregates that
+    /// have a parked row.
+    pub async fn claim(&mut self, limit: usize, shards: &[i16]) -> Result<Claim<'_>, sqlx::Error> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        match self {
+            OutboxTable::Postgres(conn) => {
+                let mut tx = conn.begin().await?;
+                let rows = sqlx::query_as(PG_CLAIM)
+                    .bind(shards)
+                    .bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                Ok(Claim {
+                    rows,
+                    held: Held::Postgres(tx),
+                })
+            }
+            OutboxTable::Sqlite(conn) => {
+                let rows = sqlx::query_as(SQLITE_CLAIM)
+                    .bind(limit)
+                    .fetch_all(&mut *conn)
+                    .await?;
+                Ok(Claim {
+                    rows,
+                    held: Held::Sqlite(conn),
+                })
+            }
+        }
+    }
+
+    /// The PostgreSQL connection, for the shard leases; `None` on SQLite.
+    pub fn postgres(&mut self) -> Option<&mut PgConnection> {
+        match self {
+            OutboxTable::Postgres(conn) => Some(conn),
+            OutboxTable::Sqlite(_) => None,
+        }
+    }
+}
+
+impl Claim<'_> {
+    /// Records the outcome of the batch and releases the claim.
+    pub async fn settle(self, outcome: &Outcome, mode: Mode) -> Result<(), sqlx::Error> {
+        match self.held {
+            Held::Postgres(mut tx) => {
+                settle_postgres(&mut tx, outcome, mode).await?;
+                tx.commit().await
+            }
+            Held::Sqlite(conn) => {
+                let mut tx = conn.begin().await?;
+                settle_sqlite(&mut tx, outcome, mode).await?;
+                tx.commit().await
+            }
+        }
+    }
+}
+
+async fn settle_postgres(
+    tx: &mut PgConnection,
+    outcome: &Outcome,
+    mode: Mode,
+) -> Result<(), sqlx::Error> {
+    if !outcome.published.is_empty() {
+        let ids = uuids(&outcome.published);
+        let sql = match mode {
+            Mode::Mark => "UPDATE outbox SET published_at = now() WHERE id = ANY($1)",
+            Mode::Delete => "DELETE FROM outbox WHERE id = ANY($1)",
+        };
+        sqlx::query(sql).bind(ids).execute(&mut *tx).await?;
+    }
+    for (id, error) in &outcome.failed {
+        sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE id = $1::uuid",
+        )
+        .bind(id)
+        .bind(error)
+        .execute(&mut *tx)
+        .await?;
+    }
+    for (id, reason) in &outcome.parked {
+        sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = $2, parked_at = now() WHERE id = $1::uuid",
+        )
+        .bind(id)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn settle_sqlite(
+    tx: &mut SqliteConnection,
+    outcome: &Outcome,
+    mode: Mode,
+) -> Result<(), sqlx::Error> {
+    for id in &outcome.published {
+        let sql = match mode {
+            Mode::Mark => {
+                "UPDATE outbox SET published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1"
+            }
+            Mode::Delete => "DELETE FROM outbox WHERE id = ?1",
+        };
+        sqlx::query(sql).bind(id).execute(&mut *tx).await?;
+    }
+    for (id, error) in &outcome.failed {
+        sqlx::query("UPDATE outbox SET attempts = attempts + 1, last_error = ?2 WHERE id = ?1")
+            .bind(id)
+            .bind(error)
+            .execute(&mut *tx)
+            .await?;
+    }
+    for (id, reason) in &outcome.parked {
+        sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?2, \
+             parked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1",
+        )
+        .bind(id)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+fn uuids(ids: &[String]) -> Vec<Uuid> {
+    ids.iter()
+        .filter_map(|id| Uuid::parse_str(id).ok())
+        .collect()
+}

@@ -1,0 +1,235 @@
+//! The relay's loop: claim a batch, publish it, mark what the broker acked. Read top to bottom.
+
+use crate::config::{RelayConfig, redact_url};
+use crate::leases::Leases;
+use crate::outbox_table::{OutboxRow, OutboxTable, Outcome};
+use crate::routing::Router;
+use crate::sink::{Message, Sink, SinkError};
+use crate::wakeup::{self, Wakeup};
+use backon::{BackoffBuilder, ExponentialBuilder};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Moves committed events from the outbox table to a [`Sink`], at least once, in order per
+/// aggregate.
+///
+/// ```no_run
+/// use outbox_relay::{Relay, RelayConfig, sink::stdout::StdoutSink};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn f() {
+/// let relay = Relay::new(RelayConfig::new("sqlite:///tmp/shop.db"), StdoutSink);
+/// let shutdown = CancellationToken::new();
+/// // Cancel `shutdown` (on SIGTERM, say) to stop after the batch in flight.
+/// relay.run(shutdown).await;
+/// # }
+/// ```
+pub struct Relay {
+    config: RelayConfig,
+    sink: Box<dyn Sink>,
+    router: Router,
+}
+
+impl Relay {
+    /// A relay publishing to `sink`, routing by the event types registered in this binary.
+    pub fn new(config: RelayConfig, sink: impl Sink + 'static) -> Self {
+        let router = Router::new(&config.topic_template, config.strict);
+        Relay {
+            config,
+            sink: Box::new(sink),
+            router,
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled, then returns after settling the batch in flight.
+    ///
+    /// It never gives up: when the database or the broker fails, it logs, backs off (exponential,
+    /// with jitter, up to `max_backoff`), reconnects and resumes where it stopped.
+    pub async fn run(&self, shutdown: CancellationToken) {
+        let mut backoff = self.backoff();
+        while !shutdown.is_cancelled() {
+            match self.run_connected(&shutdown).await {
+                Ok(()) => return,
+                Err(e) => {
+                    let delay = backoff.next().unwrap_or(self.config.max_backoff);
+                    tracing::warn!(
+                        error = %e, retry_in = ?delay, database = %redact_url(&self.config.database_url),
+                        "database unavailable; reconnecting"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = shutdown.cancelled() => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// One connection's life: join the replicas, then claim, publish and mark until shutdown or a
+    /// database error.
+    async fn run_connected(&self, shutdown: &CancellationToken) -> Result<(), sqlx::Error> {
+        let mut table = OutboxTable::connect(&self.config.database_url).await?;
+        let mut leases = match table.postgres() {
+            Some(conn) => Some(Leases::join(conn, self.config.lease_refresh).await?),
+            None => None,
+        };
+        let wakeups = match self.config.wakeup {
+            Wakeup::Notify => Some(wakeup::listen(&self.config.database_url).await?),
+            Wakeup::Poll => None,
+        };
+        tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");
+        let mut publish_backoff = self.backoff();
+
+        loop {
+            // Stop between batches only: a batch in flight is always settled first.
+            if shutdown.is_cancelled() {
+                if let (Some(leases), Some(conn)) = (leases, table.postgres()) {
+                    leases.leave(conn).await?;
+                }
+                tracing::info!("relay stopped");
+                return Ok(());
+            }
+
+            // Which shards this replica publishes (all rows on SQLite, which allows one relay).
+            let shards: Vec<i16> = match (&mut leases, table.postgres()) {
+                (Some(leases), Some(conn)) => {
+                    leases.refresh_if_due(conn).await?;
+                    leases.held().to_vec()
+                }
+                _ => vec![0],
+            };
+
+            // Claim the oldest unpublished rows of those shards, locked until settled.
+            let claim = table.claim(self.config.batch_size, &shards).await?;
+            let claimed = claim.rows.len();
+
+            // Publish: rows that cannot become a message are parked; the rest are sent together.
+            let (messages, mut outcome) = self.messages(&claim.rows);
+            let results = if messages.is_empty() {
+                Vec::new()
+            } else {
+                self.sink.publish(&messages).await
+            };
+            record_results(&messages, results, &mut outcome);
+
+            // Mark (or delete) what the broker acked, in the claim's transaction.
+            claim.settle(&outcome, self.config.mode).await?;
+            log_batch(claimed, &outcome);
+
+            // Go again at once after a full, clean batch; otherwise wait.
+            let delay = if !outcome.failed.is_empty() {
+                publish_backoff.next().unwrap_or(self.config.max_backoff)
+            } else {
+                publish_backoff = self.backoff();
+                if claimed == self.config.batch_size {
+                    continue;
+                }
+                self.config.poll_interval
+            };
+            let deadline = match &leases {
+                Some(leases) => {
+                    (Instant::now() + delay).min(Instant::from_std(leases.next_refresh()))
+                }
+                None => Instant::now() + delay,
+            };
+            wait(deadline, wakeups.as_ref(), shutdown).await;
+        }
+    }
+
+    /// The messages of the claimed rows, and the rows parked because they cannot be published.
+    /// Rows after a parked one of the same aggregate are left alone: they wait behind it.
+    fn messages(&self, rows: &[OutboxRow]) -> (Vec<Message>, Outcome) {
+        let mut outcome = Outcome::default();
+        let mut messages = Vec::with_capacity(rows.len());
+        let mut held_back: HashSet<(&str, &str)> = HashSet::new();
+        for row in rows {
+            let aggregate = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
+            if held_back.contains(&aggregate) {
+                continue;
+            }
+            match self.router.message(row) {
+                Ok(message) => messages.push(message),
+                Err(reason) => {
+                    tracing::error!(event_id = %row.id, seq = row.seq, %reason, "event parked");
+                    outcome.parked.push((row.id.clone(), reason));
+                    held_back.insert(aggregate);
+                }
+            }
+        }
+        (messages, outcome)
+    }
+
+    fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
+        ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(self.config.max_backoff)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+}
+
+/// Sorts the sink's results into the outcome. After an aggregate's first failure, its later
+/// messages in the batch are not marked even if acked: they go out again after it, in order.
+fn record_results(
+    messages: &[Message],
+    results: Vec<Result<(), SinkError>>,
+    outcome: &mut Outcome,
+) {
+    let mut failed_aggregates: HashSet<(&str, &str)> = HashSet::new();
+    for (message, result) in messages.iter().zip(results) {
+        let aggregate = (
+            message.header("aggregate_type").unwrap_or_default(),
+            message.key.as_str(),
+        );
+        let id = message.event_id.to_string();
+        match result {
+            _ if failed_aggregates.contains(&aggregate) => {}
+            Ok(()) => outcome.published.push(id),
+            Err(e) => {
+                failed_aggregates.insert(aggregate);
+                outcome.failed.push((id, e.message));
+            }
+        }
+    }
+}
+
+fn log_batch(claimed: usize, outcome: &Outcome) {
+    if claimed == 0 {
+        return;
+    }
+    if outcome.failed.is_empty() && outcome.parked.is_empty() {
+        tracing::debug!(published = outcome.published.len(), "batch published");
+    } else {
+        tracing::warn!(
+            published = outcome.published.len(),
+            failed = outcome.failed.len(),
+            parked = outcome.parked.len(),
+            first_error = outcome
+                .failed
+                .first()
+                .map(|(_, e)| e.as_str())
+                .unwrap_or_default(),
+            "batch partly published; failed events will be retried"
+        );
+    }
+}
+
+/// Sleeps until `deadline`, a notification, or shutdown, whichever comes first.
+async fn wait(deadline: Instant, wakeups: Option<&Arc<Notify>>, shutdown: &CancellationToken) {
+    let notified = async {
+        match wakeups {
+            Some(notify) => notify.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = tokio::time::sleep_until(deadline) => {}
+        () = notified => {}
+        () = shutdown.cancelled() => {}
+    }
+}

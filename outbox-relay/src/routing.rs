@@ -1,0 +1,178 @@
+//! From an outbox row to a broker message: the topic, the key, the headers.
+//!
+//! Topic: the row's `topic` if set, else the topic registered for its event type (from the
+//! `#[derive(OutboxEvent)]` types linked into this binary), else the template, by default
+//! `outbox.event.{aggregate_type}` as Debezium's outbox router does.
+
+use crate::outbox_table::OutboxRow;
+use crate::sink::Message;
+use outbox_core::EventRegistration;
+use std::collections::HashMap;
+
+/// Debezium's default route: `outbox.event.` and the aggregate type.
+pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregate_type}";
+
+/// Routes rows to topics and builds their messages.
+///
+/// ```
+/// use outbox_relay::Router;
+///
+/// let router = Router::new("events.{aggregate_type}", false);
+/// assert_eq!(router.topic_for("order", "SomethingUnregistered", None), Ok("events.order".to_owned()));
+/// assert_eq!(router.topic_for("order", "X", Some("override")), Ok("override".to_owned()));
+/// let strict = Router::new("events.{aggregate_type}", true);
+/// assert!(strict.topic_for("order", "SomethingUnregistered", None).is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Router {
+    template: String,
+    strict: bool,
+    registered: HashMap<&'static str, &'static EventRegistration>,
+}
+
+impl Router {
+    /// A router over the event types registered in this binary. With `strict`, an event type no
+    /// registration knows cannot be routed: its row is parked.
+    pub fn new(template: &str, strict: bool) -> Self {
+        let registered = outbox_core::registrations()
+            .into_iter()
+            .map(|r| (r.event_type, r))
+            .collect();
+        Router {
+            template: template.to_owned(),
+            strict,
+            registered,
+        }
+    }
+
+    /// The registrations this router knows, by event type.
+    pub fn registered(&self) -> impl Iterator<Item = &'static EventRegistration> + '_ {
+        self.registered.values().copied()
+    }
+
+    /// The topic for an event, or why it has none.
+    pub fn topic_for(
+        &self,
+        aggregate_type: &str,
+        event_type: &str,
+        row_topic: Option<&str>,
+    ) -> Result<String, String> {
+        if let Some(topic) = row_topic {
+            return Ok(topic.to_owned());
+        }
+        match self.registered.get(event_type) {
+            Some(registration) => Ok(registration
+                .topic
+                .map_or_else(|| self.template_topic(aggregate_type), str::to_owned)),
+            None if self.strict => Err(format!(
+                "unknown event type `{event_type}`: no #[derive(OutboxEvent)] type in this relay \
+                 registers it (--strict); link the events crate into the relay or drop --strict"
+            )),
+            None => Ok(self.template_topic(aggregate_type)),
+        }
+    }
+
+    fn template_topic(&self, aggregate_type: &str) -> String {
+        self.template.replace("{aggregate_type}", aggregate_type)
+    }
+
+    /// The message for `row`, or why the row can never be published as it is.
+    pub(crate) fn message(&self, row: &OutboxRow) -> Result<Message, String> {
+        let topic = self.topic_for(&row.aggregate_type, &row.event_type, row.topic.as_deref())?;
+        let event_id = uuid::Uuid::parse_str(&row.id)
+            .map_err(|e| format!("event id `{}` is not a UUID: {e}", row.id))?;
+        let mut headers = vec![
+            ("id".to_owned(), event_id.to_string()),
+            ("event_type".to_owned(), row.event_type.clone()),
+            ("aggregate_type".to_owned(), row.aggregate_type.clone()),
+            ("event_version".to_owned(), row.event_version.to_string()),
+        ];
+        if let Some(stored) = &row.headers {
+            headers.extend(stored_headers(stored)?);
+        }
+        Ok(Message {
+            event_id,
+            seq: row.seq,
+            topic,
+            key: row.aggregate_id.clone(),
+            payload: row.payload.clone().into_bytes(),
+            headers,
+        })
+    }
+}
+
+/// The row's `headers` column: a JSON object; string values are taken as they are, others as JSON.
+fn stored_headers(json: &str) -> Result<Vec<(String, String)>, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(json).map_err(|e| format!("headers are not valid JSON: {e}"))?;
+    match value {
+        serde_json::Value::Null => Ok(Vec::new()),
+        serde_json::Value::Object(map) => Ok(map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect()),
+        other => Err(format!("headers must be a JSON object, not {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(headers: Option<&str>) -> OutboxRow {
+        OutboxRow {
+            id: "01939f1c-7b6a-7cc0-8f3e-1a2b3c4d5e6f".into(),
+            seq: 7,
+            aggregate_type: "order".into(),
+            aggregate_id: "o-1".into(),
+            event_type: "OrderPlaced".into(),
+            event_version: 2,
+            topic: None,
+            payload: r#"{"a": 1}"#.into(),
+            headers: headers.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn message_carries_the_contract_headers_then_the_stored_ones() {
+        let router = Router::new(DEFAULT_TOPIC_TEMPLATE, false);
+        let m = router
+            .message(&row(Some(r#"{"traceparent": "00-abc-def-01", "n": 3}"#)))
+            .unwrap();
+        assert_eq!(m.topic, "outbox.event.order");
+        assert_eq!(m.key, "o-1");
+        assert_eq!(m.payload, br#"{"a": 1}"#);
+        let names: Vec<&str> = m.headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "id",
+                "event_type",
+                "aggregate_type",
+                "event_version",
+                "n",
+                "traceparent"
+            ]
+        );
+        assert_eq!(m.header("id"), Some("01939f1c-7b6a-7cc0-8f3e-1a2b3c4d5e6f"));
+        assert_eq!(m.header("event_version"), Some("2"));
+        assert_eq!(m.header("n"), Some("3"));
+    }
+
+    #[test]
+    fn bad_headers_or_id_are_reasons_to_park() {
+        let router = Router::new(DEFAULT_TOPIC_TEMPLATE, false);
+        assert!(
+            router
+                .message(&row(Some("[1]")))
+                .unwrap_err()
+                .contains("JSON object")
+        );
+        let mut bad_id = row(None);
+        bad_id.id = "nope".into();
+        assert!(router.message(&bad_id).unwrap_err().contains("not a UUID"));
+    }
+}

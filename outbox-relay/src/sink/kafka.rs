@@ -1,0 +1,157 @@
+//! The Kafka sink, through rdkafka (librdkafka).
+//!
+//! The producer is idempotent with `acks=all`, so a message the broker acked is durable and a
+//! retried send is not duplicated by the producer itself. librdkafka settings pass through.
+
+use super::{Message, Sink, SinkError};
+use futures::future::BoxFuture;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The `[sink]` table for Kafka.
+///
+/// ```toml
+/// [sink]
+/// type = "kafka"
+/// brokers = "127.0.0.1:9092"
+/// options = { "linger.ms" = "1", "compression.type" = "lz4" }
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`: comma-separated `host:port` list.
+    pub brokers: String,
+    /// librdkafka producer settings, applied over the relay's defaults.
+    #[serde(default)]
+    pub options: BTreeMap<String, String>,
+}
+
+impl KafkaConfig {
+    /// A configuration for `brokers` with the relay's defaults.
+    pub fn new(brokers: impl Into<String>) -> Self {
+        KafkaConfig {
+            brokers: brokers.into(),
+            options: BTreeMap::new(),
+        }
+    }
+
+    /// The relay's producer settings: the contract's (idempotence, `acks=all`), then `options`.
+    ///
+    /// ```
+    /// # use outbox_relay::sink::kafka::KafkaConfig;
+    /// let settings = KafkaConfig::new("127.0.0.1:9092").producer_settings();
+    /// assert_eq!(settings["enable.idempotence"], "true");
+    /// assert_eq!(settings["acks"], "all");
+    /// ```
+    pub fn producer_settings(&self) -> BTreeMap<String, String> {
+        let mut settings: BTreeMap<String, String> = [
+            ("bootstrap.servers", self.brokers.as_str()),
+            ("enable.idempotence", "true"),
+            ("acks", "all"),
+            // librdkafka's default of 5 minutes would stall a batch that long when the broker is
+            // away; failed sends are retried by the relay instead.
+            ("message.timeout.ms", "30000"),
+            ("linger.ms", "5"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        settings.extend(self.options.clone());
+        settings
+    }
+}
+
+/// Publishes to Kafka: key = aggregate id, value = payload, headers as in [`Message`].
+pub struct KafkaSink {
+    producer: FutureProducer,
+}
+
+impl std::fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSink").finish_non_exhaustive()
+    }
+}
+
+impl KafkaSink {
+    /// Creates the producer. It connects lazily: an unreachable broker shows up as failed sends.
+    pub fn new(config: &KafkaConfig) -> Result<Self, SinkError> {
+        let mut client = ClientConfig::new();
+        for (key, value) in config.producer_settings() {
+            client.set(key, value);
+        }
+        let producer = client
+            .create()
+            .map_err(|e| SinkError::new(format!("kafka producer configuration: {e}")))?;
+        Ok(KafkaSink { producer })
+    }
+
+    /// The underlying producer, for metrics or a flush at exit.
+    pub fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+}
+
+impl Sink for KafkaSink {
+    fn name(&self) -> &str {
+        "kafka"
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        Box::pin(async move {
+            // Enqueue the whole batch first, then await the acks: one round of broker latency per
+            // batch, not per message. Enqueue order is delivery order within a partition.
+            let mut pending = Vec::with_capacity(batch.len());
+            for message in batch {
+                pending.push(self.enqueue(message).await);
+            }
+            let mut results = Vec::with_capacity(batch.len());
+            for delivery in pending {
+                results.push(match delivery {
+                    Ok(future) => match future.await {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err((e, _))) => Err(SinkError::new(e.to_string())),
+                        Err(_) => Err(SinkError::new("kafka producer dropped the message")),
+                    },
+                    Err(e) => Err(e),
+                });
+            }
+            results
+        })
+    }
+}
+
+impl KafkaSink {
+    async fn enqueue(
+        &self,
+        message: &Message,
+    ) -> Result<rdkafka::producer::DeliveryFuture, SinkError> {
+        let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
+        for (key, value) in &message.headers {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value.as_bytes()),
+            });
+        }
+        let mut record = FutureRecord::to(&message.topic)
+            .key(message.key.as_bytes())
+            .payload(&message.payload)
+            .headers(headers);
+        loop {
+            match self.producer.send_result(record) {
+                Ok(delivery) => return Ok(delivery),
+                // The local queue is full: let deliveries drain, then enqueue again.
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                    record = returned;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                Err((e, _)) => return Err(SinkError::new(e.to_string())),
+            }
+        }
+    }
+}

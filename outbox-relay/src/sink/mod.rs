@@ -1,0 +1,158 @@
+//! Sinks: where the relay publishes.
+//!
+//! A sink has two layers, as in vector: a config layer ([`SinkConfig`], read from flags or the
+//! TOML file) that builds a running layer (a [`Sink`]). To publish somewhere else, implement
+//! [`Sink`] and hand it to [`Relay::new`](crate::Relay::new).
+
+#[cfg(feature = "kafka")]
+pub mod kafka;
+pub mod memory;
+pub mod stdout;
+
+use futures::future::BoxFuture;
+use serde::Deserialize;
+use uuid::Uuid;
+
+/// One event, ready for the broker. The contract every sink keeps:
+///
+/// - `key` is the aggregate id, so one aggregate's events stay on one partition, in order;
+/// - `payload` is the stored payload JSON, unchanged;
+/// - `headers` are `id`, `event_type`, `aggregate_type`, `event_version`, then the row's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Message {
+    /// The event id (also the `id` header).
+    pub event_id: Uuid,
+    /// The outbox `seq` of the event.
+    pub seq: i64,
+    /// Where to publish.
+    pub topic: String,
+    /// The message key: the aggregate id.
+    pub key: String,
+    /// The payload JSON bytes.
+    pub payload: Vec<u8>,
+    /// Header names and values, in order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Message {
+    /// The value of header `name`, if present.
+    ///
+    /// ```
+    /// # let message = outbox_relay::sink::Message::example();
+    /// assert_eq!(message.header("event_type"), Some("OrderCreated"));
+    /// ```
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A message for examples and tests of custom sinks.
+    pub fn example() -> Message {
+        let event_id = Uuid::nil();
+        Message {
+            event_id,
+            seq: 1,
+            topic: "outbox.event.order".into(),
+            key: "42".into(),
+            payload: br#"{"order_id": 42}"#.to_vec(),
+            headers: vec![
+                ("id".into(), event_id.to_string()),
+                ("event_type".into(), "OrderCreated".into()),
+                ("aggregate_type".into(), "order".into()),
+                ("event_version".into(), "1".into()),
+            ],
+        }
+    }
+}
+
+/// Why a message was not published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+#[non_exhaustive]
+pub struct SinkError {
+    /// What the broker or client said.
+    pub message: String,
+}
+
+impl SinkError {
+    /// A failure described by `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        SinkError {
+            message: message.into(),
+        }
+    }
+}
+
+/// A destination for events.
+///
+/// ```
+/// use futures::future::BoxFuture;
+/// use outbox_relay::sink::{Message, Sink, SinkError};
+///
+/// /// Counts events instead of publishing them.
+/// struct Counter(std::sync::atomic::AtomicUsize);
+///
+/// impl Sink for Counter {
+///     fn name(&self) -> &str { "counter" }
+///     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+///         Box::pin(async move {
+///             self.0.fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
+///             batch.iter().map(|_| Ok(())).collect()
+///         })
+///     }
+/// }
+/// ```
+pub trait Sink: Send + Sync {
+    /// A short name for logs, such as `kafka`.
+    fn name(&self) -> &str;
+
+    /// Publishes the whole batch (sends pipelined: send all, then await every ack) and returns one
+    /// result per message, in order. `Ok` means the broker acknowledged the message durably: the
+    /// relay marks a row published only then.
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>>;
+}
+
+impl<S: Sink + ?Sized> Sink for Box<S> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        (**self).publish(batch)
+    }
+}
+
+/// The configuration of a built-in sink, from the `[sink]` table of the config file or from flags.
+///
+/// ```
+/// let config: outbox_relay::sink::SinkConfig = toml::from_str(r#"
+///     type = "kafka"
+///     brokers = "127.0.0.1:9092"
+///     options = { "linger.ms" = "1" }
+/// "#).unwrap();
+/// assert!(matches!(config, outbox_relay::sink::SinkConfig::Kafka(_)));
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum SinkConfig {
+    /// Apache Kafka, through rdkafka.
+    #[cfg(feature = "kafka")]
+    Kafka(kafka::KafkaConfig),
+    /// One JSON line per event on standard output.
+    Stdout,
+}
+
+impl SinkConfig {
+    /// Builds the running sink. Fails on a configuration the client rejects.
+    pub fn build(&self) -> Result<Box<dyn Sink>, SinkError> {
+        match self {
+            #[cfg(feature = "kafka")]
+            SinkConfig::Kafka(config) => Ok(Box::new(kafka::KafkaSink::new(config)?)),
+            SinkConfig::Stdout => Ok(Box::new(stdout::StdoutSink)),
+        }
+    }
+}

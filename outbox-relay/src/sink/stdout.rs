@@ -1,0 +1,53 @@
+//! A sink that prints one JSON line per event: for local debugging and the demo.
+
+use super::{Message, Sink, SinkError};
+use futures::future::BoxFuture;
+use serde_json::{Map, Value, json};
+use std::io::Write;
+
+/// Prints each event as one JSON line on standard output:
+/// `{"topic":…,"key":…,"headers":{…},"payload":…}`.
+#[derive(Debug, Default)]
+pub struct StdoutSink;
+
+impl StdoutSink {
+    /// The JSON line printed for `message`.
+    ///
+    /// ```
+    /// # use outbox_relay::sink::{Message, stdout::StdoutSink};
+    /// let line = StdoutSink::line(&Message::example());
+    /// assert!(line.starts_with(r#"{"topic":"outbox.event.order","key":"42""#));
+    /// ```
+    pub fn line(message: &Message) -> String {
+        let headers: Map<String, Value> = message
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        let payload = serde_json::from_slice::<Value>(&message.payload)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&message.payload).into()));
+        json!({ "topic": message.topic, "key": message.key, "headers": headers, "payload": payload })
+            .to_string()
+    }
+}
+
+impl Sink for StdoutSink {
+    fn name(&self) -> &str {
+        "stdout"
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        let mut out = std::io::stdout().lock();
+        let mut results: Vec<Result<(), SinkError>> = batch
+            .iter()
+            .map(|m| writeln!(out, "{}", Self::line(m)).map_err(|e| SinkError::new(e.to_string())))
+            .collect();
+        if let Err(e) = out.flush() {
+            results = batch
+                .iter()
+                .map(|_| Err(SinkError::new(e.to_string())))
+                .collect();
+        }
+        Box::pin(futures::future::ready(results))
+    }
+}

@@ -1,0 +1,63 @@
+//! `outbox-relay status`: how far behind the relay is.
+
+use crate::outbox_table::OutboxTable;
+use std::time::Duration;
+
+/// The outbox's backlog, as `outbox-relay status` prints it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Status {
+    /// Events waiting to be published (not parked).
+    pub backlog: i64,
+    /// Events parked as poison, holding back their aggregates.
+    pub parked: i64,
+    /// Age of the oldest event waiting to be published.
+    pub oldest_unpublished: Option<Duration>,
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "backlog:            {} events", self.backlog)?;
+        match self.oldest_unpublished {
+            Some(age) => writeln!(
+                f,
+                "oldest unpublished: {} ago",
+                humantime::format_duration(Duration::from_millis(age.as_millis() as u64))
+            )?,
+            None => writeln!(f, "oldest unpublished: none")?,
+        }
+        write!(f, "parked:             {} events", self.parked)
+    }
+}
+
+/// Reads the status of the outbox at `database_url`.
+pub async fn status(database_url: &str) -> Result<Status, sqlx::Error> {
+    let (backlog, parked, oldest_seconds): (i64, i64, Option<f64>) =
+        match OutboxTable::connect(database_url).await? {
+            OutboxTable::Postgres(mut conn) => {
+                sqlx::query_as(
+                    "SELECT count(*) FILTER (WHERE parked_at IS NULL),
+                            count(*) FILTER (WHERE parked_at IS NOT NULL),
+                            extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL))::float8
+                     FROM outbox WHERE published_at IS NULL",
+                )
+                .fetch_one(&mut conn)
+                .await?
+            }
+            OutboxTable::Sqlite(mut conn) => {
+                sqlx::query_as(
+                    "SELECT count(*) FILTER (WHERE parked_at IS NULL),
+                            count(*) FILTER (WHERE parked_at IS NOT NULL),
+                            (julianday('now') - julianday(min(created_at) FILTER (WHERE parked_at IS NULL))) * 86400.0
+                     FROM outbox WHERE published_at IS NULL",
+                )
+                .fetch_one(&mut conn)
+                .await?
+            }
+        };
+    Ok(Status {
+        backlog,
+        parked,
+        oldest_unpublished: oldest_seconds.map(|s| Duration::from_secs_f64(s.max(0.0))),
+    })
+}

@@ -1,0 +1,58 @@
+//! When the relay looks for new rows: at once while batches come back full, otherwise after the
+//! poll interval, or, with [`Wakeup::Notify`] on PostgreSQL, as soon as a transaction inserting
+//! into the outbox commits.
+//!
+//! NOTIFY is off by default: PostgreSQL takes a database-wide lock at commit for every notifying
+//! transaction, which serializes the application's committing transactions. Measure it first.
+
+use sqlx::postgres::PgListener;
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+/// How the relay learns that there may be new rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Wakeup {
+    /// Poll every `poll_interval` while idle.
+    #[default]
+    Poll,
+    /// LISTEN on channel `outbox` (install the trigger with `outbox-relay migrate --notify-trigger`)
+    /// and poll as a fallback.
+    Notify,
+}
+
+/// The channel the trigger notifies.
+pub const CHANNEL: &str = "outbox";
+
+/// The optional trigger behind [`Wakeup::Notify`]: one notification per inserting statement
+/// (PostgreSQL folds identical ones within a transaction).
+pub const NOTIFY_TRIGGER_SQL: &str = "
+CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('outbox', '');
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER outbox_notify AFTER INSERT ON outbox
+    FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
+";
+
+/// Starts listening on its own connection; the returned [`Notify`] fires on each notification.
+/// The listener reconnects by itself; while it is down, the relay still polls.
+pub(crate) async fn listen(database_url: &str) -> Result<Arc<Notify>, sqlx::Error> {
+    let mut listener = PgListener::connect(database_url).await?;
+    listener.listen(CHANNEL).await?;
+    let notify = Arc::new(Notify::new());
+    let waker = Arc::clone(&notify);
+    tokio::spawn(async move {
+        loop {
+            match listener.recv().await {
+                Ok(_) => waker.notify_one(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "LISTEN connection failed; polling until it is back");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    });
+    Ok(notify)
+}
