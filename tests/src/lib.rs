@@ -1,7 +1,9 @@
-//! Shared set-up for the integration tests: databases to test against, each test isolated.
+//! Shared set-up for the integration tests: databases and a Kafka consumer, each test isolated.
 //!
-//! PostgreSQL comes from `DATABASE_URL`, which `scripts/test` sets after starting a throwaway
-//! cluster. A test that needs it fails with a message saying so; none is skipped.
+//! PostgreSQL comes from `DATABASE_URL` and Kafka from `KAFKA_BROKERS`, which `scripts/test` sets
+//! after starting both. A test that needs one fails with a message saying so; none is skipped.
+
+pub mod kafka;
 
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
 use std::path::PathBuf;
@@ -25,6 +27,13 @@ pub fn postgres_url() -> String {
              Run `scripts/test`, which starts one and sets it."
         )
     })
+}
+
+/// A URL of the test PostgreSQL whose connections use `schema`, for processes such as the relay.
+pub fn schema_url(schema: &str) -> String {
+    let url = postgres_url();
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}options=-c%20search_path%3D{schema}")
 }
 
 /// A connection to a new, empty PostgreSQL schema of its own, so tests run in parallel.

@@ -1,0 +1,136 @@
+//! Helpers shared by the relay's integration tests.
+#![allow(dead_code)]
+
+use outbox_core::Uuid;
+use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use outbox_relay::RelayConfig;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A fresh PostgreSQL schema with the outbox tables, and topics of its own.
+pub struct Fixture {
+    pub db: DatabaseConnection,
+    /// A database URL whose connections use the fixture's schema.
+    pub url: String,
+    /// A topic template unique to this test.
+    pub template: String,
+    /// The topic prefix of `template`.
+    pub prefix: String,
+}
+
+impl Fixture {
+    pub async fn new() -> Fixture {
+        let (db, schema) = outbox_tests::postgres_schema().await;
+        outbox_core::migration::migrate(&db).await.expect("migrate");
+        let prefix = format!("t{}", Uuid::now_v7().simple());
+        Fixture {
+            db,
+            url: outbox_tests::schema_url(&schema),
+            template: format!("{prefix}.{{aggregate_type}}"),
+            prefix,
+        }
+    }
+
+    /// The topic of `aggregate_type` under this fixture's template.
+    pub fn topic(&self, aggregate_type: &str) -> String {
+        format!("{}.{aggregate_type}", self.prefix)
+    }
+
+    /// A relay configuration for this fixture, polling briskly.
+    pub fn relay_config(&self) -> RelayConfig {
+        let mut config = RelayConfig::new(self.url.clone());
+        config.topic_template = self.template.clone();
+        config.poll_interval = Duration::from_millis(20);
+        config
+    }
+
+    /// Runs SQL returning one bigint column.
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        self.db
+            .query_one_raw(Statement::from_string(DbBackend::Postgres, sql))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .expect("one row")
+            .try_get_by_index::<i64>(0)
+            .expect("an i64")
+    }
+
+    /// Unpublished and unparked rows.
+    pub async fn backlog(&self) -> i64 {
+        self.scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL")
+            .await
+    }
+
+    /// Waits until nothing is left to publish, or panics after `timeout`.
+    pub async fn wait_until_drained(&self, timeout: Duration) {
+        let backlog =
+            "SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL";
+        self.wait_until_zero(backlog, timeout).await;
+    }
+
+    /// Waits until `sql` (one bigint: the work left) returns 0, or panics after `timeout`.
+    pub async fn wait_until_zero(&self, sql: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = self.scalar(sql).await;
+            if left == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still {left} after {timeout:?}: {sql}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts the `outbox-relay` binary publishing this fixture's outbox to Kafka.
+    pub fn spawn_relay(&self, extra: &[&str]) -> Child {
+        relay_command()
+            .args([
+                "run",
+                "--database-url",
+                &self.url,
+                "--kafka-brokers",
+                &outbox_tests::kafka::brokers(),
+            ])
+            .args([
+                "--topic-template",
+                &self.template,
+                "--poll-interval",
+                "20ms",
+                "--lease-refresh",
+                "300ms",
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start outbox-relay")
+    }
+}
+
+/// The `outbox-relay` binary of this build.
+pub fn relay_command() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    command
+        .env_remove("DATABASE_URL")
+        .env_remove("KAFKA_BROKERS")
+        .env("OUTBOX_LOG", "warn");
+    command
+}
+
+/// Sends SIGTERM to `child` and returns its exit code.
+pub fn terminate(child: &mut Child) -> Option<i32> {
+    signal(child, "TERM");
+    child.wait().expect("wait for relay").code()
+}
+
+/// Sends `signal` (such as `KILL` or `TERM`) to `child`.
+pub fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} failed");
+}

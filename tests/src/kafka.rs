@@ -1,0 +1,114 @@
+//! Reading what actually reached Kafka, as a consumer would.
+
+use rdkafka::Message;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use std::time::{Duration, Instant};
+
+/// The Kafka brokers of the test run, or a panic that says how to get them.
+pub fn brokers() -> String {
+    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| {
+        panic!(
+            "KAFKA_BROKERS is not set: this test needs a real Apache Kafka. \
+             Run `scripts/test`, which starts one and sets it."
+        )
+    })
+}
+
+/// One message as received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The offset in the partition.
+    pub offset: i64,
+    /// The key, as UTF-8.
+    pub key: String,
+    /// The value bytes.
+    pub payload: Vec<u8>,
+    /// Header names and values, in order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Received {
+    /// The value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The payload parsed as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.payload).expect("payload is JSON")
+    }
+}
+
+/// Reads `topics` from the beginning until at least `expected` messages arrived and then nothing
+/// more for `quiet` (so duplicates are seen too), or until `timeout`. Returns what arrived, in
+/// per-partition order.
+pub async fn consume(
+    topics: &[&str],
+    expected: usize,
+    timeout: Duration,
+    quiet: Duration,
+) -> Vec<Received> {
+    let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
+    let brokers = brokers();
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", format!("test-{}", outbox_core::Uuid::now_v7()))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .set("topic.metadata.refresh.interval.ms", "500")
+            .create()
+            .expect("kafka consumer");
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&names).expect("subscribe");
+        let deadline = Instant::now() + timeout;
+        let mut received = Vec::new();
+        let mut last = Instant::now();
+        while Instant::now() < deadline {
+            if received.len() >= expected && last.elapsed() >= quiet {
+                break;
+            }
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    last = Instant::now();
+                    let headers = m
+                        .headers()
+                        .map(|h| {
+                            h.iter()
+                                .map(|h| {
+                                    (
+                                        h.key.to_owned(),
+                                        String::from_utf8_lossy(h.value.unwrap_or_default())
+                                            .into_owned(),
+                                    )
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    received.push(Received {
+                        topic: m.topic().to_owned(),
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                        payload: m.payload().unwrap_or_default().to_vec(),
+                        headers,
+                    });
+                }
+                // Unknown topic or partition while a topic is being created: keep polling.
+                Some(Err(_)) | None => {}
+            }
+        }
+        received
+    })
+    .await
+    .expect("consumer thread")
+}
