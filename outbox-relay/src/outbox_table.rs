@@ -22,6 +22,8 @@ pub(crate) struct OutboxRow {
     pub topic: Option<String>,
     pub payload: String,
     pub headers: Option<String>,
+    /// Failed publish attempts so far.
+    pub attempts: i32,
 }
 
 /// What became of each claimed row.
@@ -66,7 +68,7 @@ enum Held<'c> {
 
 const PG_CLAIM: &str = "
 SELECT o.id::text AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
-       o.topic, o.payload::text AS payload, o.headers::text AS headers
+       o.topic, o.payload::text AS payload, o.headers::text AS headers, o.attempts
 FROM outbox o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
   AND NOT EXISTS (SELECT 1 FROM outbox p
@@ -78,7 +80,7 @@ FOR UPDATE OF o SKIP LOCKED";
 
 const SQLITE_CLAIM: &str = "
 SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
-       o.topic, o.payload, o.headers
+       o.topic, o.payload, o.headers, o.attempts
 FROM outbox o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM outbox p

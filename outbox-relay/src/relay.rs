@@ -141,7 +141,9 @@ impl Relay {
     }
 
     /// The messages of the claimed rows, and the rows parked because they cannot be published.
-    /// Rows after a parked one of the same aggregate are left alone: they wait behind it.
+    ///
+    /// An aggregate's rows after a parked one wait behind it, and so do its rows after one that
+    /// failed before: a retried event goes out alone, so a later event cannot overtake it.
     fn messages(&self, rows: &[OutboxRow]) -> (Vec<Message>, Outcome) {
         let mut outcome = Outcome::default();
         let mut messages = Vec::with_capacity(rows.len());
@@ -152,7 +154,12 @@ impl Relay {
                 continue;
             }
             match self.router.message(row) {
-                Ok(message) => messages.push(message),
+                Ok(message) => {
+                    messages.push(message);
+                    if row.attempts > 0 {
+                        held_back.insert(aggregate);
+                    }
+                }
                 Err(reason) => {
                     tracing::error!(event_id = %row.id, seq = row.seq, %reason, "event parked");
                     outcome.parked.push((row.id.clone(), reason));

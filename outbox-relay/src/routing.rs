@@ -133,6 +133,7 @@ mod tests {
             topic: None,
             payload: r#"{"a": 1}"#.into(),
             headers: headers.map(str::to_owned),
+            attempts: 0,
         }
     }
 

@@ -116,7 +116,10 @@ pub fn relay_command() -> Command {
     command
         .env_remove("DATABASE_URL")
         .env_remove("KAFKA_BROKERS")
-        .env("OUTBOX_LOG", "warn");
+        .env(
+            "OUTBOX_LOG",
+            std::env::var("OUTBOX_TEST_RELAY_LOG").unwrap_or_else(|_| "warn".into()),
+        );
     command
 }
 

@@ -1,0 +1,208 @@
+//! The binary's command line: bad input is one line on stderr and exit code 2, with nothing done;
+//! `routes`, `status` and `migrate` print what they should.
+
+mod common;
+
+use common::{Fixture, relay_command};
+use std::process::Output;
+
+fn run(args: &[&str]) -> Output {
+    relay_command()
+        .args(args)
+        .output()
+        .expect("run outbox-relay")
+}
+
+/// Asserts exit code 2 and a single stderr line containing `needle`; returns the line.
+fn usage_error(args: &[&str], needle: &str) -> String {
+    let output = run(args);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "{args:?} printed more than one line:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(output.stdout.is_empty());
+    stderr
+}
+
+fn config_file(text: &str) -> String {
+    let path = outbox_tests::temp_dir().join("relay.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
+    usage_error(&["run", "--bogus"], "unexpected argument '--bogus'");
+    usage_error(&["frobnicate"], "unrecognized subcommand");
+    usage_error(&["run", "--kafka-brokers", "x:1"], "no database");
+    usage_error(
+        &["run", "--database-url", "mysql://db/shop"],
+        "must start with postgres://",
+    );
+    let line = usage_error(
+        &[
+            "run",
+            "--database-url",
+            "postgres://app:s3cret@db:notaport/shop",
+        ],
+        "bad database URL",
+    );
+    assert!(!line.contains("s3cret"), "the password leaked: {line}");
+    usage_error(
+        &[
+            "run",
+            "--database-url",
+            "postgres://db/shop",
+            "--batch-size",
+            "0",
+            "--sink",
+            "stdout",
+        ],
+        "at least 1",
+    );
+    usage_error(
+        &[
+            "run",
+            "--database-url",
+            "postgres://db/shop",
+            "--poll-interval",
+            "soon",
+        ],
+        "not a duration",
+    );
+    usage_error(
+        &[
+            "run",
+            "--database-url",
+            "postgres://db/shop",
+            "--kafka-option",
+            "linger.ms",
+        ],
+        "not KEY=VALUE",
+    );
+    usage_error(
+        &["run", "--database-url", "postgres://db/shop"],
+        "the kafka sink needs brokers",
+    );
+    usage_error(
+        &[
+            "run",
+            "--database-url",
+            "sqlite::memory:",
+            "--wakeup",
+            "notify",
+            "--sink",
+            "stdout",
+        ],
+        "needs PostgreSQL",
+    );
+
+    usage_error(
+        &["--config", "/nonexistent/relay.toml", "status"],
+        "cannot read config file",
+    );
+    usage_error(
+        &[
+            "--config",
+            &config_file("batch_size = 10\nmode = \"mark\"\npoll_interval = \n"),
+            "status",
+        ],
+        "line 3",
+    );
+    usage_error(
+        &["--config", &config_file("batchsize = 10\n"), "status"],
+        "unknown field `batchsize`",
+    );
+    usage_error(
+        &[
+            "--config",
+            &config_file(
+                "database_url = \"postgres://db/x\"\npoll_interval = \"fast\"\n[sink]\ntype = \"stdout\"\n",
+            ),
+            "run",
+        ],
+        "config `poll_interval`",
+    );
+    usage_error(
+        &[
+            "--config",
+            &config_file("[sink]\ntype = \"carrier-pigeon\"\n"),
+            "run",
+        ],
+        "carrier-pigeon",
+    );
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    let help = run(&["--help"]);
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    for command in ["run", "migrate", "routes", "status"] {
+        assert!(help.contains(command), "--help lacks {command}");
+    }
+    assert!(run(&["--version"]).status.success());
+}
+
+#[test]
+fn the_generic_binary_knows_no_event_types() {
+    let output = run(&["routes"]);
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        stdout.contains("no event types are linked into this binary"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("outbox.event.{aggregate_type}"), "{stdout}");
+}
+
+#[tokio::test]
+async fn status_reports_backlog_parked_and_age() {
+    let f = Fixture::new().await;
+    use outbox_core::sea_orm::ConnectionTrait;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at, parked_at) VALUES
+           (gen_random_uuid(), 'a', '1', 'E', '{}', now() - interval '90 seconds', NULL),
+           (gen_random_uuid(), 'a', '2', 'E', '{}', now(), NULL),
+           (gen_random_uuid(), 'a', '3', 'E', '{}', now(), now())",
+    )
+    .await
+    .unwrap();
+    let output = run(&["status", "--database-url", &f.url]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(stdout.contains("backlog:            2 events"), "{stdout}");
+    assert!(stdout.contains("parked:             1 events"), "{stdout}");
+    assert!(
+        stdout.contains("oldest unpublished: 1m 30s")
+            || stdout.contains("oldest unpublished: 1m 31s"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn status_of_an_unreachable_database_fails_with_exit_1() {
+    let output = run(&[
+        "status",
+        "--database-url",
+        "postgres://app:s3cret@127.0.0.1:1/shop",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(
+        stderr.contains("postgres://app:***@127.0.0.1:1/shop"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"));
+}

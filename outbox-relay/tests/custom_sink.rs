@@ -1,0 +1,105 @@
+//! A sink of the user's own, plugged into the relay: what it acks is marked, what it fails is kept
+//! with its error and retried, and an aggregate's later events wait behind its failed one.
+
+mod common;
+
+use common::Fixture;
+use futures::future::BoxFuture;
+use outbox_core::sea_orm::ConnectionTrait;
+use outbox_relay::Relay;
+use outbox_relay::sink::{Message, Sink, SinkError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Keeps the events in a list, as a user's sink might write them to a queue of its own, and
+/// refuses one aggregate's events.
+#[derive(Clone, Default)]
+struct ListSink {
+    published: Arc<Mutex<Vec<(String, i64)>>>,
+}
+
+impl Sink for ListSink {
+    fn name(&self) -> &str {
+        "list"
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        Box::pin(async move {
+            let mut published = self.published.lock().unwrap();
+            batch
+                .iter()
+                .map(|m| {
+                    if m.key == "refused" {
+                        return Err(SinkError::new("the list refuses this aggregate"));
+                    }
+                    published.push((m.key.clone(), m.seq));
+                    Ok(())
+                })
+                .collect()
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_custom_sink_gets_every_event_and_its_failures_are_retried_in_order() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'cart', CASE WHEN g IN (3, 7) THEN 'refused' ELSE 'c-' || (g % 4) END,
+                'CartChanged', jsonb_build_object('g', g)
+         FROM generate_series(1, 40) g",
+    )
+    .await
+    .unwrap();
+
+    let sink = ListSink::default();
+    let relay = Relay::new(f.relay_config(), sink.clone());
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await }
+    });
+    f.wait_until_zero(
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL AND aggregate_id <> 'refused'",
+        Duration::from_secs(30),
+    )
+    .await;
+    // Let the refused aggregate be tried a few times.
+    f.wait_until_zero(
+        "SELECT CASE WHEN max(attempts) >= 2 THEN 0 ELSE 1 END::bigint FROM outbox WHERE aggregate_id = 'refused'",
+        Duration::from_secs(30),
+    )
+    .await;
+    shutdown.cancel();
+    running.await.unwrap();
+
+    let published = sink.published.lock().unwrap().clone();
+    assert_eq!(published.len(), 38);
+    for key in ["c-0", "c-1", "c-2", "c-3"] {
+        let seqs: Vec<i64> = published
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, s)| *s)
+            .collect();
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "{key} out of order: {seqs:?}"
+        );
+    }
+    // The refused aggregate: its first event failed and was retried; the second waits behind it.
+    assert_eq!(
+        f.scalar(
+            "SELECT count(*) FROM outbox WHERE aggregate_id = 'refused' AND published_at IS NULL \
+                  AND attempts >= 2 AND last_error = 'the list refuses this aggregate'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        f.scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'refused' AND published_at IS NULL AND attempts = 0")
+            .await,
+        1,
+        "the aggregate's later event is held behind the failed one"
+    );
+}

@@ -1,0 +1,96 @@
+//! A single relay on SQLite, end to end: the binary migrates the database, the application records
+//! events with `outbox_core`, and `outbox-relay run --sink stdout` prints each committed event once.
+
+mod common;
+
+use outbox_core::OutboxEvent;
+use outbox_core::sea_orm::{Database, TransactionTrait};
+use serde::Serialize;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::Duration;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "order", key = "order_id")]
+struct OrderPlaced {
+    order_id: u32,
+}
+
+#[tokio::test]
+async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        outbox_tests::temp_dir().join("shop.db").display()
+    );
+    let migrate = common::relay_command()
+        .args(["migrate", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+
+    let db = Database::connect(&url).await.unwrap();
+    for order_id in [1, 2, 3] {
+        let txn = db.begin().await.unwrap();
+        OrderPlaced { order_id }.record(&txn).await.unwrap();
+        txn.commit().await.unwrap();
+    }
+    let txn = db.begin().await.unwrap();
+    OrderPlaced { order_id: 99 }.record(&txn).await.unwrap();
+    txn.rollback().await.unwrap();
+
+    let mut relay = common::relay_command()
+        .args([
+            "run",
+            "--sink",
+            "stdout",
+            "--database-url",
+            &url,
+            "--poll-interval",
+            "20ms",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = relay.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .take(3)
+            .map(Result::unwrap)
+            .collect::<Vec<String>>()
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(30), lines)
+        .await
+        .expect("three events within 30 s")
+        .unwrap();
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let events: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let keys: Vec<&str> = events.iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert_eq!(keys, ["1", "2", "3"]);
+    for event in &events {
+        assert_eq!(event["topic"], "outbox.event.order");
+        assert_eq!(event["headers"]["event_type"], "OrderPlaced");
+        assert_eq!(event["headers"]["aggregate_type"], "order");
+        assert_eq!(event["headers"]["event_version"], "1");
+        assert_eq!(event["headers"]["id"].as_str().unwrap().len(), 36);
+        assert_eq!(
+            event["payload"]["order_id"].to_string(),
+            event["key"].as_str().unwrap()
+        );
+    }
+
+    let status = common::relay_command()
+        .args(["status", "--database-url", &url])
+        .output()
+        .unwrap();
+    let status = String::from_utf8(status.stdout).unwrap();
+    assert!(status.contains("backlog:            0 events"), "{status}");
+}
