@@ -2,7 +2,8 @@
 
 use super::{Message, Sink, SinkError};
 use futures::future::BoxFuture;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde_json::Value;
 use std::io::Write;
 
 /// Prints each event as one JSON line on standard output:
@@ -19,15 +20,33 @@ impl StdoutSink {
     /// assert!(line.starts_with(r#"{"topic":"outbox.event.order","key":"42""#));
     /// ```
     pub fn line(message: &Message) -> String {
-        let headers: Map<String, Value> = message
-            .headers
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-            .collect();
         let payload = serde_json::from_slice::<Value>(&message.payload)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&message.payload).into()));
-        json!({ "topic": message.topic, "key": message.key, "headers": headers, "payload": payload })
-            .to_string()
+        let line = Line {
+            topic: &message.topic,
+            key: &message.key,
+            headers: Headers(&message.headers),
+            payload,
+        };
+        serde_json::to_string(&line).unwrap_or_default()
+    }
+}
+
+/// One printed line; fields in this order.
+#[derive(Serialize)]
+struct Line<'a> {
+    topic: &'a str,
+    key: &'a str,
+    headers: Headers<'a>,
+    payload: Value,
+}
+
+/// Headers as a JSON object, in the message's order.
+struct Headers<'a>(&'a [(String, String)]);
+
+impl Serialize for Headers<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(k, v)| (k, v)))
     }
 }
 
