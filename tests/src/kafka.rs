@@ -77,34 +77,31 @@ pub async fn consume(
             if received.len() >= expected && last.elapsed() >= quiet {
                 break;
             }
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) => {
-                    last = Instant::now();
-                    let headers = m
-                        .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|h| {
-                                    (
-                                        h.key.to_owned(),
-                                        String::from_utf8_lossy(h.value.unwrap_or_default())
-                                            .into_owned(),
-                                    )
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    received.push(Received {
-                        topic: m.topic().to_owned(),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-                        payload: m.payload().unwrap_or_default().to_vec(),
-                        headers,
-                    });
-                }
-                // Unknown topic or partition while a topic is being created: keep polling.
-                Some(Err(_)) | None => {}
+            // Errors (an unknown topic while it is being created) are passed over: keep polling.
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                last = Instant::now();
+                let headers = m
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| {
+                                (
+                                    h.key.to_owned(),
+                                    String::from_utf8_lossy(h.value.unwrap_or_default())
+                                        .into_owned(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                received.push(Received {
+                    topic: m.topic().to_owned(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                    payload: m.payload().unwrap_or_default().to_vec(),
+                    headers,
+                });
             }
         }
         received
