@@ -5,11 +5,11 @@
 mod common;
 
 use common::Fixture;
+use common::kafka::{Received, brokers, consume};
 use outbox_core::sea_orm::{ConnectionTrait, TransactionTrait};
 use outbox_core::{NewEvent, OutboxEvent, Uuid};
 use outbox_relay::Relay;
 use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
-use outbox_tests::kafka::{Received, brokers, consume};
 use serde::Serialize;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

@@ -5,9 +5,9 @@
 mod common;
 
 use common::Fixture;
+use common::kafka::{Received, consume};
 use outbox_core::OutboxEvent;
 use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
-use outbox_tests::kafka::{Received, consume};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::process::Child;

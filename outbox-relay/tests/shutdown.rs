@@ -4,8 +4,8 @@
 mod common;
 
 use common::Fixture;
+use common::kafka::consume;
 use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement};
-use outbox_tests::kafka::consume;
 use std::collections::HashSet;
 use std::time::Duration;
 

@@ -1,9 +1,7 @@
-//! Shared set-up for the integration tests: databases and a Kafka consumer, each test isolated.
+//! Shared set-up for the integration tests: databases to test against, each test isolated.
 //!
-//! PostgreSQL comes from `DATABASE_URL` and Kafka from `KAFKA_BROKERS`, which `scripts/test` sets
-//! after starting both. A test that needs one fails with a message saying so; none is skipped.
-
-pub mod kafka;
+//! PostgreSQL comes from `DATABASE_URL`, which `scripts/test` sets after starting a throwaway
+//! cluster. A test that needs it fails with a message saying so; none is skipped.
 
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
 use std::path::PathBuf;

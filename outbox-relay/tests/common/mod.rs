@@ -1,6 +1,8 @@
 //! Helpers shared by the relay's integration tests.
 #![allow(dead_code)]
 
+pub mod kafka;
+
 use outbox_core::Uuid;
 use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
 use outbox_relay::RelayConfig;
@@ -92,7 +94,7 @@ impl Fixture {
                 "--database-url",
                 &self.url,
                 "--kafka-brokers",
-                &outbox_tests::kafka::brokers(),
+                &kafka::brokers(),
             ])
             .args([
                 "--topic-template",

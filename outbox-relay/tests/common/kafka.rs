@@ -1,4 +1,6 @@
 //! Reading what actually reached Kafka, as a consumer would.
+//!
+//! Kafka comes from `KAFKA_BROKERS`, which `scripts/test` sets after starting a broker.
 
 use rdkafka::Message;
 use rdkafka::config::ClientConfig;
