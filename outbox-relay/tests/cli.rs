@@ -206,3 +206,38 @@ fn status_of_an_unreachable_database_fails_with_exit_1() {
     );
     assert!(!stderr.contains("s3cret"));
 }
+
+#[tokio::test]
+async fn settings_come_from_the_config_file_and_flags_override_them() {
+    let f = Fixture::new().await;
+    let file = config_file(&format!(
+        "database_url = \"{}\"\nbatch_size = 10\npoll_interval = \"20ms\"\n[sink]\ntype = \"stdout\"\n",
+        f.url
+    ));
+    let output = run(&["--config", &file, "status"]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .contains("backlog:            0 events")
+    );
+
+    // The flag wins over the file's (valid) URL.
+    let output = run(&[
+        "--config",
+        &file,
+        "status",
+        "--database-url",
+        "postgres://127.0.0.1:1/none",
+    ]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        String::from_utf8(output.stderr)
+            .unwrap()
+            .contains("127.0.0.1:1/none")
+    );
+}

@@ -275,3 +275,36 @@ async fn strict_mode_parks_unknown_event_types_and_holds_back_their_aggregate() 
         "the parked event's aggregate is held back, not skipped"
     );
 }
+
+#[tokio::test]
+async fn delete_mode_removes_rows_once_the_broker_acked_them() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'ticket', 't-' || (g % 7), 'TicketSold', jsonb_build_object('g', g)
+         FROM generate_series(1, 1000) g",
+    )
+    .await
+    .unwrap();
+    let mut relay = f.spawn_relay(&["--mode", "delete", "--batch-size", "100"]);
+    f.wait_until_zero("SELECT count(*) FROM outbox", Duration::from_secs(60))
+        .await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let received = consume(
+        &[&f.topic("ticket")],
+        1000,
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    )
+    .await;
+    assert_eq!(received.len(), 1000);
+    for key in (0..7).map(|k| format!("t-{k}")) {
+        let gs: Vec<i64> = received
+            .iter()
+            .filter(|m| m.key == key)
+            .map(|m| m.json()["g"].as_i64().unwrap())
+            .collect();
+        assert!(gs.windows(2).all(|w| w[0] < w[1]), "{key} out of order");
+    }
+}
