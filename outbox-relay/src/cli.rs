@@ -21,6 +21,7 @@
 //! ```
 
 use crate::config::{RelayConfig, redact_url};
+use crate::failed::{self, Selection};
 use crate::outbox_table::Mode;
 use crate::routing::Router;
 use crate::sink::SinkConfig;
@@ -74,6 +75,52 @@ enum Command {
     },
     /// Show the backlog and the age of the oldest unpublished event.
     Status,
+    /// Parked events: list them, retry them, or skip them.
+    #[command(subcommand)]
+    Failed(FailedCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum FailedCommand {
+    /// List parked events and why they were parked.
+    List,
+    /// Make parked (or backing-off) events due again, once their cause is fixed.
+    Retry(#[command(flatten)] Select),
+    /// Give up on parked events, recording why; their aggregates' later events go out.
+    Skip {
+        #[command(flatten)]
+        select: Select,
+        /// Why the events are given up on (kept in `last_error`).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+struct Select {
+    /// Every parked event.
+    #[arg(long)]
+    all: bool,
+    /// An event id; repeat for more.
+    #[arg(long = "id", value_name = "UUID")]
+    ids: Vec<outbox_core::Uuid>,
+    /// The parked events of one aggregate, as TYPE:ID.
+    #[arg(long, value_name = "TYPE:ID", value_parser = aggregate)]
+    aggregate: Option<(String, String)>,
+}
+
+impl Select {
+    fn selection(self) -> Selection {
+        match (self.all, self.aggregate) {
+            (true, _) => Selection::All,
+            (false, Some((aggregate_type, aggregate_id))) => Selection::Aggregate {
+                aggregate_type,
+                aggregate_id,
+            },
+            (false, None) => Selection::Ids(self.ids.iter().map(ToString::to_string).collect()),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -108,7 +155,20 @@ struct RunArgs {
     /// How often replicas rebalance their shards [default: 1s].
     #[arg(long, value_parser = duration)]
     lease_refresh: Option<Duration>,
+    /// Delete published events older than this, such as 7d; `off` keeps them [default: 7d].
+    #[arg(long, value_parser = retention)]
+    retention: Option<Retention>,
+    /// How often to prune [default: 1m].
+    #[arg(long, value_parser = duration)]
+    prune_interval: Option<Duration>,
+    /// Publish an aggregate's later events even while an earlier one is parked (breaks its order).
+    #[arg(long)]
+    skip_parked: bool,
 }
+
+/// `--retention`: a duration, or `off`.
+#[derive(Debug, Clone, Copy)]
+struct Retention(Option<Duration>);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -138,6 +198,9 @@ struct FileConfig {
     strict: Option<bool>,
     wakeup: Option<Wakeup>,
     lease_refresh: Option<String>,
+    retention: Option<String>,
+    prune_interval: Option<String>,
+    skip_parked: Option<bool>,
     sink: Option<SinkConfig>,
 }
 
@@ -222,6 +285,10 @@ async fn execute(cli: Cli, file: FileConfig) -> Result<ExitCode, UsageError> {
                 Err(e) => failure(&format!("migrate {}: {e}", redact_url(&url))),
             })
         }
+        Command::Failed(command) => {
+            let url = database_url(cli.database_url, file.database_url)?;
+            Ok(run_failed(command, &url).await)
+        }
         Command::Run(args) => {
             let url = database_url(cli.database_url, file.database_url.clone())?;
             let (config, sink) = run_config(args, url, file)?;
@@ -258,6 +325,19 @@ fn run_config(
     {
         config.lease_refresh = d;
     }
+    let file_retention = file
+        .retention
+        .map(|r| retention(&r).map_err(|e| UsageError(format!("config `retention`: {e}"))));
+    if let Some(Retention(r)) = args.retention.or(file_retention.transpose()?) {
+        config.retention = r;
+    }
+    if let Some(d) = args
+        .prune_interval
+        .or(file_duration("prune_interval", file.prune_interval)?)
+    {
+        config.prune_interval = d;
+    }
+    config.skip_parked = args.skip_parked || file.skip_parked.unwrap_or(false);
     config.mode = args.mode.or(file.mode).unwrap_or_default();
     config.wakeup = args.wakeup.or(file.wakeup).unwrap_or_default();
     config.strict = args.strict || file.strict.unwrap_or(false);
@@ -357,6 +437,66 @@ fn file_duration(key: &str, value: Option<String>) -> Result<Option<Duration>, U
 fn duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("`{text}` is not a duration such as 100ms or 2s: {e}"))
+}
+
+fn retention(text: &str) -> Result<Retention, String> {
+    match text {
+        "off" | "none" => Ok(Retention(None)),
+        _ => duration(text).map(|d| Retention(Some(d))),
+    }
+}
+
+fn aggregate(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((t, id)) if !t.is_empty() && !id.is_empty() => Ok((t.to_owned(), id.to_owned())),
+        _ => Err(format!("`{text}` is not TYPE:ID, such as order:42")),
+    }
+}
+
+async fn run_failed(command: FailedCommand, url: &str) -> ExitCode {
+    let result = match command {
+        FailedCommand::List => failed::list(url).await.map(|parked| {
+            print_parked(&parked);
+        }),
+        FailedCommand::Retry(select) => failed::retry(url, &select.selection()).await.map(|n| {
+            println!("{n} events will be retried");
+        }),
+        FailedCommand::Skip { select, reason } => failed::skip(url, &select.selection(), &reason)
+            .await
+            .map(|n| {
+                tracing::warn!(skipped = n, %reason, "parked events skipped by an operator");
+                println!("{n} events skipped");
+            }),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => failure(&format!("{}: {e}", redact_url(url))),
+    }
+}
+
+fn print_parked(parked: &[failed::ParkedEvent]) {
+    if parked.is_empty() {
+        println!("no parked events");
+        return;
+    }
+    println!(
+        "{:<36}  {:<24}  {:<20}  {:>8}  {:>7}  REASON",
+        "ID", "AGGREGATE", "EVENT TYPE", "ATTEMPTS", "WAITING"
+    );
+    for p in parked {
+        println!(
+            "{:<36}  {:<24}  {:<20}  {:>8}  {:>7}  {}",
+            p.id,
+            format!("{}:{}", p.aggregate_type, p.aggregate_id),
+            p.event_type,
+            p.attempts,
+            p.waiting,
+            p.last_error
+                .as_deref()
+                .unwrap_or_default()
+                .replace('\n', " "),
+        );
+    }
 }
 
 fn key_value(text: &str) -> Result<(String, String), String> {

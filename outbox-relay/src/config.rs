@@ -41,6 +41,13 @@ pub struct RelayConfig {
     pub lease_refresh: Duration,
     /// The longest wait between retries after a failure (backoff with jitter). Default 30 s.
     pub max_backoff: Duration,
+    /// Publish an aggregate's later events even while an earlier one is parked. This breaks the
+    /// aggregate's order; by default they wait. Default false.
+    pub skip_parked: bool,
+    /// Delete published rows older than this (mark mode); `None` keeps them. Default 7 days.
+    pub retention: Option<Duration>,
+    /// How often to prune. Default 1 minute.
+    pub prune_interval: Duration,
 }
 
 impl RelayConfig {
@@ -56,6 +63,9 @@ impl RelayConfig {
             wakeup: Wakeup::Poll,
             lease_refresh: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
+            skip_parked: false,
+            retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            prune_interval: Duration::from_secs(60),
         }
     }
 }

@@ -34,8 +34,10 @@
 
 pub mod cli;
 mod config;
+pub mod failed;
 mod leases;
 mod outbox_table;
+mod prune;
 mod relay;
 mod routing;
 pub mod sink;
@@ -43,7 +45,8 @@ mod status;
 pub mod wakeup;
 
 pub use config::{RelayConfig, redact_url};
-pub use outbox_table::Mode;
+pub use outbox_table::{Mode, PG_CLAIM as POSTGRES_CLAIM_SQL};
+pub use prune::{PRUNE_BATCH, prune};
 pub use relay::Relay;
 pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};
 pub use status::{Status, status};

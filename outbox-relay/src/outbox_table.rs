@@ -24,6 +24,8 @@ pub(crate) struct OutboxRow {
     pub headers: Option<String>,
     /// Failed publish attempts so far.
     pub attempts: i32,
+    /// When it was recorded, in milliseconds since the Unix epoch.
+    pub created_ms: i64,
 }
 
 /// What became of each claimed row.
@@ -31,8 +33,8 @@ pub(crate) struct OutboxRow {
 pub(crate) struct Outcome {
     /// Acked by the broker: marked published (or deleted).
     pub published: Vec<String>,
-    /// Failed, to be tried again: attempts + 1, last error kept.
-    pub failed: Vec<(String, String)>,
+    /// Failed, to be tried again after a delay: attempts + 1, last error kept.
+    pub failed: Vec<(String, String, std::time::Duration)>,
     /// Can never be published as is: parked with the reason, holding back its aggregate.
     pub parked: Vec<(String, String)>,
 }
@@ -66,26 +68,33 @@ enum Held<'c> {
     Sqlite(&'c mut SqliteConnection),
 }
 
-const PG_CLAIM: &str = "
+/// The relay's claim query on PostgreSQL, for operators to `EXPLAIN`: the oldest rows of the shards
+/// in `$1` (`smallint[]`), at most `$2`, whose aggregate is not blocked: no row of it backing off
+/// (`retry_at` ahead) or, when `$3` holds back parked aggregates, parked.
+pub const PG_CLAIM: &str = "
 SELECT o.id::text AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
-       o.topic, o.payload::text AS payload, o.headers::text AS headers, o.attempts
+       o.topic, o.payload::text AS payload, o.headers::text AS headers, o.attempts,
+       (extract(epoch FROM o.created_at) * 1000)::int8 AS created_ms
 FROM outbox o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
   AND NOT EXISTS (SELECT 1 FROM outbox p
-                  WHERE p.parked_at IS NOT NULL AND p.published_at IS NULL
-                    AND p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id)
+                  WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                    AND p.published_at IS NULL
+                    AND (p.retry_at > now() OR ($3 AND p.parked_at IS NOT NULL)))
 ORDER BY o.seq
 LIMIT $2
 FOR UPDATE OF o SKIP LOCKED";
 
 const SQLITE_CLAIM: &str = "
 SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
-       o.topic, o.payload, o.headers, o.attempts
+       o.topic, o.payload, o.headers, o.attempts,
+       CAST((julianday(o.created_at) - 2440587.5) * 86400000 AS INTEGER) AS created_ms
 FROM outbox o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM outbox p
-                  WHERE p.parked_at IS NOT NULL AND p.published_at IS NULL
-                    AND p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id)
+                  WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                    AND p.published_at IS NULL
+                    AND (p.retry_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now') OR (?2 AND p.parked_at IS NOT NULL)))
 ORDER BY o.seq
 LIMIT ?1";
 
@@ -100,8 +109,13 @@ impl OutboxTable {
     }
 
     /// Claims up to `limit` unpublished rows of `shards`, in `seq` order, skipping aggregates that
-    /// have a parked row.
-    pub async fn claim(&mut self, limit: usize, shards: &[i16]) -> Result<Claim<'_>, sqlx::Error> {
+    /// have a row backing off, or a parked row when `hold_parked`.
+    pub async fn claim(
+        &mut self,
+        limit: usize,
+        shards: &[i16],
+        hold_parked: bool,
+    ) -> Result<Claim<'_>, sqlx::Error> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         match self {
             OutboxTable::Postgres(conn) => {
@@ -109,6 +123,7 @@ impl OutboxTable {
                 let rows = sqlx::query_as(PG_CLAIM)
                     .bind(shards)
                     .bind(limit)
+                    .bind(hold_parked)
                     .fetch_all(&mut *tx)
                     .await?;
                 Ok(Claim {
@@ -119,6 +134,7 @@ impl OutboxTable {
             OutboxTable::Sqlite(conn) => {
                 let rows = sqlx::query_as(SQLITE_CLAIM)
                     .bind(limit)
+                    .bind(hold_parked)
                     .fetch_all(&mut *conn)
                     .await?;
                 Ok(Claim {
@@ -168,12 +184,14 @@ async fn settle_postgres(
         };
         sqlx::query(sql).bind(ids).execute(&mut *tx).await?;
     }
-    for (id, error) in &outcome.failed {
+    for (id, error, retry_in) in &outcome.failed {
         sqlx::query(
-            "UPDATE outbox SET attempts = attempts + 1, last_error = $2 WHERE id = $1::uuid",
+            "UPDATE outbox SET attempts = attempts + 1, last_error = $2, \
+             retry_at = now() + make_interval(secs => $3) WHERE id = $1::uuid",
         )
         .bind(id)
         .bind(error)
+        .bind(retry_in.as_secs_f64())
         .execute(&mut *tx)
         .await?;
     }
@@ -203,12 +221,16 @@ async fn settle_sqlite(
         };
         sqlx::query(sql).bind(id).execute(&mut *tx).await?;
     }
-    for (id, error) in &outcome.failed {
-        sqlx::query("UPDATE outbox SET attempts = attempts + 1, last_error = ?2 WHERE id = ?1")
-            .bind(id)
-            .bind(error)
-            .execute(&mut *tx)
-            .await?;
+    for (id, error, retry_in) in &outcome.failed {
+        sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?2, \
+             retry_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%.3f seconds', ?3)) WHERE id = ?1",
+        )
+        .bind(id)
+        .bind(error)
+        .bind(retry_in.as_secs_f64())
+        .execute(&mut *tx)
+        .await?;
     }
     for (id, reason) in &outcome.parked {
         sqlx::query(

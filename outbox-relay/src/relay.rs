@@ -2,7 +2,8 @@
 
 use crate::config::{RelayConfig, redact_url};
 use crate::leases::Leases;
-use crate::outbox_table::{OutboxRow, OutboxTable, Outcome};
+use crate::outbox_table::{Mode, OutboxRow, OutboxTable, Outcome};
+use crate::prune;
 use crate::routing::Router;
 use crate::sink::{Message, Sink, SinkError};
 use crate::wakeup::{self, Wakeup};
@@ -50,6 +51,14 @@ impl Relay {
     /// It never gives up: when the database or the broker fails, it logs, backs off (exponential,
     /// with jitter, up to `max_backoff`), reconnects and resumes where it stopped.
     pub async fn run(&self, shutdown: CancellationToken) {
+        if let (Mode::Mark, Some(retention)) = (self.config.mode, self.config.retention) {
+            tokio::spawn(prune::prune_periodically(
+                self.config.database_url.clone(),
+                retention,
+                self.config.prune_interval,
+                shutdown.child_token(),
+            ));
+        }
         let mut backoff = self.backoff();
         while !shutdown.is_cancelled() {
             match self.run_connected(&shutdown).await {
@@ -103,25 +112,30 @@ impl Relay {
                 _ => vec![0],
             };
 
-            // Claim the oldest unpublished rows of those shards, locked until settled.
-            let claim = table.claim(self.config.batch_size, &shards).await?;
+            // Claim the oldest unpublished rows of those shards whose aggregate is not blocked,
+            // locked until settled.
+            let hold_parked = !self.config.skip_parked;
+            let claim = table
+                .claim(self.config.batch_size, &shards, hold_parked)
+                .await?;
             let claimed = claim.rows.len();
 
             // Publish: rows that cannot become a message are parked; the rest are sent together.
-            let (messages, mut outcome) = self.messages(&claim.rows);
+            let (sent, messages, mut outcome) = self.messages(&claim.rows);
             let results = if messages.is_empty() {
                 Vec::new()
             } else {
                 self.sink.publish(&messages).await
             };
-            record_results(&messages, results, &mut outcome);
+            self.record_results(&sent, &messages, results, &mut outcome);
 
             // Mark (or delete) what the broker acked, in the claim's transaction.
             claim.settle(&outcome, self.config.mode).await?;
             log_batch(claimed, &outcome);
 
-            // Go again at once after a full, clean batch; otherwise wait.
-            let delay = if !outcome.failed.is_empty() {
+            // Go again at once after a full batch; back off when nothing at all went through (the
+            // broker is away); otherwise wait for the poll interval.
+            let delay = if outcome.published.is_empty() && !outcome.failed.is_empty() {
                 publish_backoff.next().unwrap_or(self.config.max_backoff)
             } else {
                 publish_backoff = self.backoff();
@@ -140,12 +154,14 @@ impl Relay {
         }
     }
 
-    /// The messages of the claimed rows, and the rows parked because they cannot be published.
+    /// The messages of the claimed rows (with the rows they came from), and the rows parked because
+    /// they cannot be published.
     ///
     /// An aggregate's rows after a parked one wait behind it, and so do its rows after one that
     /// failed before: a retried event goes out alone, so a later event cannot overtake it.
-    fn messages(&self, rows: &[OutboxRow]) -> (Vec<Message>, Outcome) {
+    fn messages<'r>(&self, rows: &'r [OutboxRow]) -> (Vec<&'r OutboxRow>, Vec<Message>, Outcome) {
         let mut outcome = Outcome::default();
+        let mut sent = Vec::with_capacity(rows.len());
         let mut messages = Vec::with_capacity(rows.len());
         let mut held_back: HashSet<(&str, &str)> = HashSet::new();
         for row in rows {
@@ -155,6 +171,7 @@ impl Relay {
             }
             match self.router.message(row) {
                 Ok(message) => {
+                    sent.push(row);
                     messages.push(message);
                     if row.attempts > 0 {
                         held_back.insert(aggregate);
@@ -167,7 +184,43 @@ impl Relay {
                 }
             }
         }
-        (messages, outcome)
+        (sent, messages, outcome)
+    }
+
+    /// Sorts the sink's results into the outcome: acked rows are published, permanent failures
+    /// parked, transient ones retried after a backoff that grows with the row's attempts. After an
+    /// aggregate's first failure, its later messages in the batch are not marked even if acked:
+    /// they go out again after it, in order.
+    fn record_results(
+        &self,
+        sent: &[&OutboxRow],
+        messages: &[Message],
+        results: Vec<Result<(), SinkError>>,
+        outcome: &mut Outcome,
+    ) {
+        let mut failed_aggregates: HashSet<(&str, &str)> = HashSet::new();
+        for ((row, message), result) in sent.iter().zip(messages).zip(results) {
+            let aggregate = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
+            let id = row.id.clone();
+            match result {
+                _ if failed_aggregates.contains(&aggregate) => {}
+                Ok(()) => outcome.published.push(id),
+                Err(e) => {
+                    failed_aggregates.insert(aggregate);
+                    if e.permanent {
+                        tracing::error!(event_id = %id, topic = %message.topic, error = %e, "event parked");
+                        outcome.parked.push((id, e.message));
+                    } else {
+                        let attempt = usize::try_from(row.attempts).unwrap_or(0);
+                        let retry_in = self
+                            .backoff()
+                            .nth(attempt)
+                            .unwrap_or(self.config.max_backoff);
+                        outcome.failed.push((id, e.message, retry_in));
+                    }
+                }
+            }
+        }
     }
 
     fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
@@ -180,31 +233,6 @@ impl Relay {
     }
 }
 
-/// Sorts the sink's results into the outcome. After an aggregate's first failure, its later
-/// messages in the batch are not marked even if acked: they go out again after it, in order.
-fn record_results(
-    messages: &[Message],
-    results: Vec<Result<(), SinkError>>,
-    outcome: &mut Outcome,
-) {
-    let mut failed_aggregates: HashSet<(&str, &str)> = HashSet::new();
-    for (message, result) in messages.iter().zip(results) {
-        let aggregate = (
-            message.header("aggregate_type").unwrap_or_default(),
-            message.key.as_str(),
-        );
-        let id = message.event_id.to_string();
-        match result {
-            _ if failed_aggregates.contains(&aggregate) => {}
-            Ok(()) => outcome.published.push(id),
-            Err(e) => {
-                failed_aggregates.insert(aggregate);
-                outcome.failed.push((id, e.message));
-            }
-        }
-    }
-}
-
 fn log_batch(claimed: usize, outcome: &Outcome) {
     if claimed == 0 {
         return;
@@ -212,16 +240,13 @@ fn log_batch(claimed: usize, outcome: &Outcome) {
     if outcome.failed.is_empty() && outcome.parked.is_empty() {
         tracing::debug!(published = outcome.published.len(), "batch published");
     } else {
+        let first_error = outcome.failed.first().map(|(_, e, _)| e.as_str());
         tracing::warn!(
             published = outcome.published.len(),
-            failed = outcome.failed.len(),
+            retrying = outcome.failed.len(),
             parked = outcome.parked.len(),
-            first_error = outcome
-                .failed
-                .first()
-                .map(|(_, e)| e.as_str())
-                .unwrap_or_default(),
-            "batch partly published; failed events will be retried"
+            first_error = first_error.or(outcome.parked.first().map(|(_, e)| e.as_str())),
+            "batch partly published"
         );
     }
 }

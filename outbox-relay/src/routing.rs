@@ -90,6 +90,9 @@ impl Router {
         if let Some(stored) = &row.headers {
             headers.extend(stored_headers(stored)?);
         }
+        // PostgreSQL's jsonb cannot hold anything else, but a SQLite TEXT column written by hand can.
+        serde_json::from_str::<serde::de::IgnoredAny>(&row.payload)
+            .map_err(|e| format!("payload is not valid JSON: {e}"))?;
         Ok(Message {
             event_id,
             seq: row.seq,
@@ -134,6 +137,7 @@ mod tests {
             payload: r#"{"a": 1}"#.into(),
             headers: headers.map(str::to_owned),
             attempts: 0,
+            created_ms: 0,
         }
     }
 
@@ -175,5 +179,13 @@ mod tests {
         let mut bad_id = row(None);
         bad_id.id = "nope".into();
         assert!(router.message(&bad_id).unwrap_err().contains("not a UUID"));
+        let mut bad_payload = row(None);
+        bad_payload.payload = "{not json".into();
+        assert!(
+            router
+                .message(&bad_payload)
+                .unwrap_err()
+                .contains("payload is not valid JSON")
+        );
     }
 }

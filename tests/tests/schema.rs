@@ -96,7 +96,7 @@ async fn describe_sqlite(db: &DatabaseConnection) -> Described {
     Described { columns, indexes }
 }
 
-const OUTBOX_COLUMNS: [&str; 15] = [
+const OUTBOX_COLUMNS: [&str; 16] = [
     "id",
     "seq",
     "aggregate_type",
@@ -109,6 +109,7 @@ const OUTBOX_COLUMNS: [&str; 15] = [
     "shard",
     "attempts",
     "last_error",
+    "retry_at",
     "parked_at",
     "created_at",
     "published_at",

@@ -23,6 +23,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     -- Failed publish attempts and the last failure, kept by the relay.
     attempts        integer     NOT NULL DEFAULT 0,
     last_error      text,
+    -- After a transient failure: not before this time. Later events of its aggregate wait.
+    retry_at        timestamptz,
     -- Set when the relay gives up on the row (a poison event); later events of its aggregate wait.
     parked_at       timestamptz,
     created_at      timestamptz NOT NULL DEFAULT now(),
@@ -34,8 +36,13 @@ CREATE TABLE IF NOT EXISTS outbox (
 -- large the table grows.
 CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (seq) WHERE published_at IS NULL;
 
--- Parked rows hold back their aggregate: the claim looks them up here (normally empty).
-CREATE INDEX IF NOT EXISTS outbox_parked ON outbox (aggregate_type, aggregate_id) WHERE parked_at IS NOT NULL;
+-- Parked and backing-off rows hold back their aggregate: the claim looks them up here (normally
+-- empty).
+-- Pruning finds published rows older than the retention window here, in small batches.
+CREATE INDEX IF NOT EXISTS outbox_published ON outbox (published_at) WHERE published_at IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS outbox_blocked ON outbox (aggregate_type, aggregate_id)
+    WHERE parked_at IS NOT NULL OR retry_at IS NOT NULL;
 
 -- Idempotent consumers: one row per (consumer, event) applied, written in the effect's transaction.
 CREATE TABLE IF NOT EXISTS processed_events (

@@ -19,13 +19,18 @@ CREATE TABLE IF NOT EXISTS outbox (
     shard           INTEGER NOT NULL DEFAULT 0,
     attempts        INTEGER NOT NULL DEFAULT 0,
     last_error      TEXT,
+    retry_at        TEXT,
     parked_at       TEXT,
     created_at      TEXT    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
     published_at    TEXT
 );
 
 CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (seq) WHERE published_at IS NULL;
-CREATE INDEX IF NOT EXISTS outbox_parked ON outbox (aggregate_type, aggregate_id) WHERE parked_at IS NOT NULL;
+-- Pruning finds published rows older than the retention window here, in small batches.
+CREATE INDEX IF NOT EXISTS outbox_published ON outbox (published_at) WHERE published_at IS NOT NULL;
+
+CREATE INDEX IF NOT EXISTS outbox_blocked ON outbox (aggregate_type, aggregate_id)
+    WHERE parked_at IS NOT NULL OR retry_at IS NOT NULL;
 
 CREATE TABLE IF NOT EXISTS processed_events (
     consumer        TEXT    NOT NULL,

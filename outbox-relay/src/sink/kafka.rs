@@ -106,16 +106,27 @@ impl Sink for KafkaSink {
         Box::pin(async move {
             // Enqueue the whole batch first, then await the acks: one round of broker latency per
             // batch, not per message. Enqueue order is delivery order within a partition.
+            // A message refused at enqueue (too large, say) stops its key's later messages, so
+            // they cannot reach the broker ahead of it.
             let mut pending = Vec::with_capacity(batch.len());
+            let mut refused_keys = std::collections::HashSet::new();
             for message in batch {
-                pending.push(self.enqueue(message).await);
+                if refused_keys.contains(message.key.as_str()) {
+                    pending.push(Err(SinkError::new(HELD_BACK)));
+                    continue;
+                }
+                let delivery = self.enqueue(message).await;
+                if delivery.is_err() {
+                    refused_keys.insert(message.key.as_str());
+                }
+                pending.push(delivery);
             }
             let mut results = Vec::with_capacity(batch.len());
             for delivery in pending {
                 results.push(match delivery {
                     Ok(future) => match future.await {
                         Ok(Ok(_)) => Ok(()),
-                        Ok(Err((e, _))) => Err(SinkError::new(e.to_string())),
+                        Ok(Err((e, _))) => Err(classify(&e)),
                         Err(_) => Err(SinkError::new("kafka producer dropped the message")),
                     },
                     Err(e) => Err(e),
@@ -150,8 +161,37 @@ impl KafkaSink {
                     record = returned;
                     tokio::time::sleep(Duration::from_millis(1)).await;
                 }
-                Err((e, _)) => return Err(SinkError::new(e.to_string())),
+                Err((e, _)) => return Err(classify(&e)),
             }
         }
+    }
+}
+
+/// Why a message was not sent: an earlier message with its key failed in the same batch.
+pub const HELD_BACK: &str = "not sent: an earlier event of its aggregate failed";
+
+/// Errors no retry can fix: the message, its topic or the relay's rights must change first.
+fn classify(error: &KafkaError) -> SinkError {
+    use RDKafkaErrorCode as Code;
+    let permanent = matches!(
+        error.rdkafka_error_code(),
+        Some(
+            Code::MessageSizeTooLarge
+                | Code::InvalidMessageSize
+                | Code::InvalidMessage
+                | Code::InvalidRecord
+                | Code::MessageBatchTooLarge
+                | Code::UnknownTopic
+                | Code::UnknownTopicOrPartition
+                | Code::InvalidTopic
+                | Code::TopicAuthorizationFailed
+                | Code::ClusterAuthorizationFailed
+        )
+    );
+    let message = error.to_string();
+    if permanent {
+        SinkError::permanent(message)
+    } else {
+        SinkError::new(message)
     }
 }

@@ -69,19 +69,34 @@ impl Message {
 }
 
 /// Why a message was not published.
+///
+/// A *transient* failure (broker away, timeout) is retried with backoff. A *permanent* one
+/// (message too large, topic missing, not authorized) cannot be fixed by retrying: the relay parks
+/// the event with this message, and later events of its aggregate wait for an operator.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 #[non_exhaustive]
 pub struct SinkError {
     /// What the broker or client said.
     pub message: String,
+    /// Whether retrying cannot help.
+    pub permanent: bool,
 }
 
 impl SinkError {
-    /// A failure described by `message`.
+    /// A failure that retrying may fix.
     pub fn new(message: impl Into<String>) -> Self {
         SinkError {
             message: message.into(),
+            permanent: false,
+        }
+    }
+
+    /// A failure that retrying cannot fix: the event is parked.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        SinkError {
+            message: message.into(),
+            permanent: true,
         }
     }
 }
@@ -112,6 +127,10 @@ pub trait Sink: Send + Sync {
     /// Publishes the whole batch (sends pipelined: send all, then await every ack) and returns one
     /// result per message, in order. `Ok` means the broker acknowledged the message durably: the
     /// relay marks a row published only then.
+    ///
+    /// Order: messages with the same key (one aggregate) must reach the broker in batch order, and
+    /// once one of them is known to have failed, the later ones must not be sent at all (return an
+    /// error for them), or they would overtake it.
     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>>;
 }
 

@@ -1,0 +1,91 @@
+//! Pruning: deleting published rows once they are older than the retention window.
+//!
+//! Small batches on a timer, never one unbounded DELETE: a huge delete holds locks and bloats the
+//! WAL until it commits, stalling writers (peers have shipped that bug). Each batch is found through
+//! the partial index `outbox_published`. In delete mode there is nothing to prune.
+
+use crate::outbox_table::OutboxTable;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Rows deleted per statement.
+pub const PRUNE_BATCH: i64 = 1000;
+
+/// Deletes published rows older than `retention`, batch after batch, until none is left; returns
+/// how many it deleted.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), sqlx::Error> {
+/// let deleted = outbox_relay::prune("postgres://localhost/shop", std::time::Duration::from_secs(7 * 86400)).await?;
+/// # Ok(()) }
+/// ```
+pub async fn prune(database_url: &str, retention: Duration) -> Result<u64, sqlx::Error> {
+    let mut table = OutboxTable::connect(database_url).await?;
+    prune_on(&mut table, retention).await
+}
+
+async fn prune_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, sqlx::Error> {
+    let seconds = retention.as_secs_f64();
+    let mut total = 0;
+    loop {
+        let deleted = match table {
+            OutboxTable::Postgres(conn) => sqlx::query(
+                "DELETE FROM outbox WHERE id IN (
+                     SELECT id FROM outbox WHERE published_at < now() - make_interval(secs => $1)
+                     ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(seconds)
+            .bind(PRUNE_BATCH)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected(),
+            OutboxTable::Sqlite(conn) => sqlx::query(
+                "DELETE FROM outbox WHERE id IN (
+                     SELECT id FROM outbox
+                     WHERE published_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1))
+                     ORDER BY published_at LIMIT ?2)",
+            )
+            .bind(seconds)
+            .bind(PRUNE_BATCH)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected(),
+        };
+        total += deleted;
+        if deleted < PRUNE_BATCH as u64 {
+            return Ok(total);
+        }
+        // Let other work in between batches.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Prunes every `every` until `shutdown`, on a connection of its own. Failures are logged and
+/// retried at the next tick.
+pub(crate) async fn prune_periodically(
+    database_url: String,
+    retention: Duration,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut table = None;
+    loop {
+        if table.is_none() {
+            table = OutboxTable::connect(&database_url).await.ok();
+        }
+        if let Some(connected) = table.as_mut() {
+            match prune_on(connected, retention).await {
+                Ok(0) => {}
+                Ok(deleted) => tracing::info!(deleted, "pruned published events past retention"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "pruning failed; trying again at the next tick");
+                    table = None;
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}

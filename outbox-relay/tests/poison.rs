@@ -1,0 +1,161 @@
+//! A poison event in the middle of an aggregate's stream, on real PostgreSQL and Kafka: it is
+//! parked with its reason, its aggregate waits, other aggregates flow; after the cause is fixed and
+//! `failed retry`, or after `failed skip`, the aggregate's later events go out in order.
+
+mod common;
+
+use common::kafka::{Received, consume};
+use common::{Fixture, relay_command};
+use outbox_core::sea_orm::ConnectionTrait;
+use std::time::Duration;
+
+/// Rows of `aggregate` with payloads `{"n": n}`; the ones in `poison` are 2 MB, over Kafka's
+/// message size limit.
+fn rows(aggregate: &str, ns: std::ops::RangeInclusive<i32>, poison: &[i32]) -> String {
+    ns.map(|n| {
+        let payload = if poison.contains(&n) {
+            format!("jsonb_build_object('n', {n}, 'blob', repeat('x', 2000000))")
+        } else {
+            format!("jsonb_build_object('n', {n})")
+        };
+        format!("(gen_random_uuid(), 'stream', '{aggregate}', 'Tick', {payload})")
+    })
+    .collect::<Vec<_>>()
+    .join(", ")
+}
+
+fn ns(received: &[Received], key: &str) -> Vec<i64> {
+    received
+        .iter()
+        .filter(|m| m.key == key)
+        .map(|m| m.json()["n"].as_i64().unwrap())
+        .collect()
+}
+
+fn failed(f: &Fixture, args: &[&str]) -> String {
+    let output = relay_command()
+        .arg("failed")
+        .args(args)
+        .args(["--database-url", &f.url])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "failed {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn a_poison_event_holds_its_aggregate_until_retried_or_skipped() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES {}, {}, {}",
+        rows("a", 1..=4, &[2]),
+        rows("b", 1..=5, &[]),
+        rows("c", 1..=2, &[1]),
+    ))
+    .await
+    .unwrap();
+    let mut relay = f.spawn_relay(&["--batch-size", "3"]);
+
+    // Everything that can go goes; the two poison events are parked with their reason.
+    f.wait_until_zero(
+        "SELECT count(*) FROM outbox WHERE (aggregate_id = 'b' AND published_at IS NULL) \
+           OR (payload ? 'blob' AND parked_at IS NULL)",
+        Duration::from_secs(60),
+    )
+    .await;
+    let listed = failed(&f, &["list"]);
+    assert!(
+        listed.contains("stream:a") && listed.contains("stream:c"),
+        "{listed}"
+    );
+    assert!(
+        listed.to_lowercase().contains("too large"),
+        "the reason names the cause: {listed}"
+    );
+    let a_row = listed.lines().find(|l| l.contains("stream:a")).unwrap();
+    assert_eq!(
+        a_row.split_whitespace().nth(4),
+        Some("2"),
+        "two events wait behind a's poison: {a_row}"
+    );
+    assert_eq!(
+        f.scalar("SELECT count(*) FROM outbox WHERE aggregate_id IN ('a', 'c') AND published_at IS NULL AND parked_at IS NULL")
+            .await,
+        3,
+        "a3, a4 and c2 wait behind their aggregate's parked event"
+    );
+
+    // Fix a's cause and retry it; give up on c's poison.
+    f.db.execute_unprepared(
+        "UPDATE outbox SET payload = payload - 'blob' WHERE aggregate_id = 'a' AND payload ? 'blob'",
+    )
+    .await
+    .unwrap();
+    assert!(failed(&f, &["retry", "--aggregate", "stream:a"]).contains("1 events will be retried"));
+    assert!(
+        failed(
+            &f,
+            &[
+                "skip",
+                "--aggregate",
+                "stream:c",
+                "--reason",
+                "payload too big, resent by hand"
+            ]
+        )
+        .contains("1 events skipped")
+    );
+    f.wait_until_drained(Duration::from_secs(60)).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let received = consume(
+        &[&f.topic("stream")],
+        10,
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    )
+    .await;
+    assert_eq!(ns(&received, "b"), [1, 2, 3, 4, 5]);
+    assert_eq!(
+        ns(&received, "a"),
+        [1, 2, 3, 4],
+        "a resumes in order after the retry"
+    );
+    assert_eq!(
+        ns(&received, "c"),
+        [2],
+        "c's later event goes out after the skip"
+    );
+    assert_eq!(
+        f.scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'c' AND parked_at IS NOT NULL \
+                  AND published_at IS NOT NULL AND last_error = 'skipped by an operator: payload too big, resent by hand'")
+            .await,
+        1,
+        "the skip is recorded with its reason"
+    );
+    assert!(failed(&f, &["list"]).contains("no parked events"));
+}
+
+#[test]
+fn failed_commands_need_a_selection() {
+    let output = relay_command()
+        .args(["failed", "retry", "--database-url", "postgres://db/x"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let output = relay_command()
+        .args([
+            "failed",
+            "skip",
+            "--all",
+            "--database-url",
+            "postgres://db/x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "skip requires --reason");
+}

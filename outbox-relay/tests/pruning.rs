@@ -1,0 +1,98 @@
+//! Pruning deletes published rows past the retention window in small batches, and the claim query
+//! stays on the partial index however large the table grows.
+
+mod common;
+
+use common::Fixture;
+use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement};
+use std::time::Duration;
+
+async fn fill(f: &Fixture, published_days_ago: i32, count: i32) {
+    f.db.execute_unprepared(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, published_at)
+         SELECT gen_random_uuid(), 'log', 'l-' || (g % 50), 'Logged', '{{}}', now() - interval '{published_days_ago} days'
+         FROM generate_series(1, {count}) g"
+    ))
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn prune_deletes_only_published_rows_past_retention() {
+    let f = Fixture::new().await;
+    fill(&f, 8, 3500).await; // past a 7-day retention: 4 batches of at most 1000
+    fill(&f, 1, 20).await; // within it
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at)
+         VALUES (gen_random_uuid(), 'log', 'old-but-unpublished', 'Logged', '{}', now() - interval '30 days')",
+    )
+    .await
+    .unwrap();
+
+    let deleted = outbox_relay::prune(&f.url, Duration::from_secs(7 * 86400))
+        .await
+        .unwrap();
+    assert_eq!(deleted, 3500);
+    assert_eq!(f.scalar("SELECT count(*) FROM outbox").await, 21);
+    assert_eq!(
+        f.scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn the_running_relay_prunes_on_its_timer() {
+    let f = Fixture::new().await;
+    fill(&f, 2, 1500).await;
+    let mut relay = f.spawn_relay(&[
+        "--sink",
+        "stdout",
+        "--retention",
+        "1d",
+        "--prune-interval",
+        "100ms",
+    ]);
+    f.wait_until_zero("SELECT count(*) FROM outbox", Duration::from_secs(30))
+        .await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+}
+
+#[tokio::test]
+async fn the_claim_uses_the_partial_index_on_a_large_table() {
+    let f = Fixture::new().await;
+    fill(&f, 1, 200_000).await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'log', 'l-' || g, 'Logged', '{}' FROM generate_series(1, 50) g;
+         ANALYZE outbox",
+    )
+    .await
+    .unwrap();
+    let shards: Vec<String> = (0..256).map(|s| s.to_string()).collect();
+    let explain = format!(
+        "EXPLAIN {}",
+        outbox_relay::POSTGRES_CLAIM_SQL
+            .replace("$1", &format!("'{{{}}}'::smallint[]", shards.join(",")))
+            .replace("$2", "500")
+            .replace("$3", "true")
+    );
+    let plan: Vec<String> =
+        f.db.query_all_raw(Statement::from_string(DbBackend::Postgres, explain))
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.try_get_by_index::<String>(0).unwrap())
+            .collect();
+    let plan = plan.join("\n");
+    println!("{plan}");
+    assert!(
+        plan.contains("Index Scan using outbox_unpublished on outbox o"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("outbox_blocked"),
+        "the blocked-aggregate check uses its index:\n{plan}"
+    );
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+}
