@@ -13,6 +13,8 @@
 //! wakeup = "poll"            # or "notify"
 //! strict = false
 //! topic_template = "outbox.event.{aggregate_type}"
+//! retention = "7d"           # or "off"
+//! http_addr = "127.0.0.1:9187"   # /metrics, /healthz, /readyz; or "off"
 //!
 //! [sink]
 //! type = "kafka"             # or "stdout"
@@ -21,6 +23,7 @@
 //! ```
 
 use crate::config::{RelayConfig, redact_url};
+use crate::endpoints;
 use crate::failed::{self, Selection};
 use crate::outbox_table::Mode;
 use crate::routing::Router;
@@ -34,6 +37,7 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -164,7 +168,16 @@ struct RunArgs {
     /// Publish an aggregate's later events even while an earlier one is parked (breaks its order).
     #[arg(long)]
     skip_parked: bool,
+    /// Where to serve /metrics, /healthz and /readyz, or `off` [default: 127.0.0.1:9187].
+    #[arg(long, env = "OUTBOX_HTTP_ADDR", value_parser = http_addr)]
+    http_addr: Option<HttpAddr>,
 }
+
+/// `--http-addr`: an address, or `off`.
+#[derive(Debug, Clone, Copy)]
+struct HttpAddr(Option<std::net::SocketAddr>);
+
+const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9187";
 
 /// `--retention`: a duration, or `off`.
 #[derive(Debug, Clone, Copy)]
@@ -201,6 +214,7 @@ struct FileConfig {
     retention: Option<String>,
     prune_interval: Option<String>,
     skip_parked: Option<bool>,
+    http_addr: Option<String>,
     sink: Option<SinkConfig>,
 }
 
@@ -291,11 +305,32 @@ async fn execute(cli: Cli, file: FileConfig) -> Result<ExitCode, UsageError> {
         }
         Command::Run(args) => {
             let url = database_url(cli.database_url, file.database_url.clone())?;
+            let file_http_addr = file.http_addr.clone();
+            let http_addr = match args.http_addr {
+                Some(addr) => addr,
+                None => http_addr(file_http_addr.as_deref().unwrap_or(DEFAULT_HTTP_ADDR))
+                    .map_err(|e| UsageError(format!("config `http_addr`: {e}")))?,
+            };
             let (config, sink) = run_config(args, url, file)?;
             outbox_core::check_registrations().map_err(|e| UsageError(e.to_string()))?;
             let sink = sink.build().map_err(|e| UsageError(e.to_string()))?;
-            let relay = Relay::new(config, sink);
-            relay.run(shutdown_on_signals()).await;
+            let relay = Arc::new(Relay::new(config, sink));
+            let shutdown = shutdown_on_signals();
+            if let HttpAddr(Some(addr)) = http_addr {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| UsageError(format!("cannot serve /metrics on {addr}: {e}")))?;
+                let prometheus = crate::metrics::install_prometheus().map_err(UsageError)?;
+                let bound = listener.local_addr().map_or(addr, |a| a);
+                tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
+                tokio::spawn(endpoints::serve(
+                    listener,
+                    Arc::clone(&relay),
+                    prometheus,
+                    shutdown.clone(),
+                ));
+            }
+            relay.run(shutdown).await;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -437,6 +472,16 @@ fn file_duration(key: &str, value: Option<String>) -> Result<Option<Duration>, U
 fn duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("`{text}` is not a duration such as 100ms or 2s: {e}"))
+}
+
+fn http_addr(text: &str) -> Result<HttpAddr, String> {
+    match text {
+        "off" | "none" => Ok(HttpAddr(None)),
+        _ => text
+            .parse()
+            .map(|a| HttpAddr(Some(a)))
+            .map_err(|_| format!("`{text}` is not an address such as 127.0.0.1:9187, or off")),
+    }
 }
 
 fn retention(text: &str) -> Result<Retention, String> {

@@ -48,6 +48,8 @@ pub struct RelayConfig {
     pub retention: Option<Duration>,
     /// How often to prune. Default 1 minute.
     pub prune_interval: Duration,
+    /// How often to sample the backlog gauges. Default 5 s.
+    pub metrics_interval: Duration,
 }
 
 impl RelayConfig {
@@ -66,6 +68,7 @@ impl RelayConfig {
             skip_parked: false,
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             prune_interval: Duration::from_secs(60),
+            metrics_interval: Duration::from_secs(5),
         }
     }
 }

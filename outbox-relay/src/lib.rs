@@ -34,8 +34,10 @@
 
 pub mod cli;
 mod config;
+pub mod endpoints;
 pub mod failed;
 mod leases;
+pub mod metrics;
 mod outbox_table;
 mod prune;
 mod relay;

@@ -145,6 +145,14 @@ impl OutboxTable {
         }
     }
 
+    /// Checks that the database answers.
+    pub async fn ping(&mut self) -> Result<(), sqlx::Error> {
+        match self {
+            OutboxTable::Postgres(conn) => conn.ping().await,
+            OutboxTable::Sqlite(conn) => conn.ping().await,
+        }
+    }
+
     /// The PostgreSQL connection, for the shard leases; `None` on SQLite.
     pub fn postgres(&mut self) -> Option<&mut PgConnection> {
         match self {

@@ -3,10 +3,10 @@
 use crate::config::{RelayConfig, redact_url};
 use crate::leases::Leases;
 use crate::outbox_table::{Mode, OutboxRow, OutboxTable, Outcome};
-use crate::prune;
 use crate::routing::Router;
 use crate::sink::{Message, Sink, SinkError};
 use crate::wakeup::{self, Wakeup};
+use crate::{metrics, prune};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -46,11 +46,34 @@ impl Relay {
         }
     }
 
+    /// Whether the relay can work now: its database answers and its sink reaches the broker.
+    /// `/readyz` answers with this.
+    pub async fn ready(&self) -> Result<(), String> {
+        let database = async {
+            let mut table = OutboxTable::connect(&self.config.database_url).await?;
+            table.ping().await
+        };
+        match tokio::time::timeout(Duration::from_secs(5), database).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("database: {e}")),
+            Err(_) => return Err("database: no answer within 5 s".into()),
+        }
+        self.sink
+            .ready()
+            .await
+            .map_err(|e| format!("{}: {e}", self.sink.name()))
+    }
+
     /// Runs until `shutdown` is cancelled, then returns after settling the batch in flight.
     ///
     /// It never gives up: when the database or the broker fails, it logs, backs off (exponential,
     /// with jitter, up to `max_backoff`), reconnects and resumes where it stopped.
     pub async fn run(&self, shutdown: CancellationToken) {
+        tokio::spawn(metrics::sample_backlog(
+            self.config.database_url.clone(),
+            self.config.metrics_interval,
+            shutdown.child_token(),
+        ));
         if let (Mode::Mark, Some(retention)) = (self.config.mode, self.config.retention) {
             tokio::spawn(prune::prune_periodically(
                 self.config.database_url.clone(),
@@ -64,6 +87,7 @@ impl Relay {
             match self.run_connected(&shutdown).await {
                 Ok(()) => return,
                 Err(e) => {
+                    metrics::database_error();
                     let delay = backoff.next().unwrap_or(self.config.max_backoff);
                     tracing::warn!(
                         error = %e, retry_in = ?delay, database = %redact_url(&self.config.database_url),
@@ -107,6 +131,7 @@ impl Relay {
             let shards: Vec<i16> = match (&mut leases, table.postgres()) {
                 (Some(leases), Some(conn)) => {
                     leases.refresh_if_due(conn).await?;
+                    metrics::shards(leases.held().len());
                     leases.held().to_vec()
                 }
                 _ => vec![0],
@@ -114,6 +139,7 @@ impl Relay {
 
             // Claim the oldest unpublished rows of those shards whose aggregate is not blocked,
             // locked until settled.
+            let started = std::time::Instant::now();
             let hold_parked = !self.config.skip_parked;
             let claim = table
                 .claim(self.config.batch_size, &shards, hold_parked)
@@ -132,6 +158,9 @@ impl Relay {
             // Mark (or delete) what the broker acked, in the claim's transaction.
             claim.settle(&outcome, self.config.mode).await?;
             log_batch(claimed, &outcome);
+            if claimed > 0 {
+                metrics::batch(claimed, started.elapsed(), &outcome);
+            }
 
             // Go again at once after a full batch; back off when nothing at all went through (the
             // broker is away); otherwise wait for the poll interval.
@@ -204,7 +233,10 @@ impl Relay {
             let id = row.id.clone();
             match result {
                 _ if failed_aggregates.contains(&aggregate) => {}
-                Ok(()) => outcome.published.push(id),
+                Ok(()) => {
+                    metrics::published(&message.topic, row.created_ms);
+                    outcome.published.push(id);
+                }
                 Err(e) => {
                     failed_aggregates.insert(aggregate);
                     if e.permanent {

@@ -51,6 +51,8 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
             &url,
             "--poll-interval",
             "20ms",
+            "--http-addr",
+            "off",
         ])
         .stdout(Stdio::piped())
         .spawn()

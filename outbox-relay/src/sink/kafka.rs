@@ -102,6 +102,11 @@ impl Sink for KafkaSink {
         "kafka"
     }
 
+    fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        // librdkafka's metadata call blocks: keep it off the runtime's worker threads.
+        Box::pin(async move { tokio::task::block_in_place(|| self.fetch_metadata()) })
+    }
+
     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
         Box::pin(async move {
             // Enqueue the whole batch first, then await the acks: one round of broker latency per
@@ -138,6 +143,16 @@ impl Sink for KafkaSink {
 }
 
 impl KafkaSink {
+    /// Fetches the cluster's metadata: the broker answers.
+    fn fetch_metadata(&self) -> Result<(), SinkError> {
+        use rdkafka::producer::Producer;
+        self.producer
+            .client()
+            .fetch_metadata(None, Duration::from_secs(3))
+            .map(drop)
+            .map_err(|e| SinkError::new(format!("broker unreachable: {e}")))
+    }
+
     async fn enqueue(
         &self,
         message: &Message,

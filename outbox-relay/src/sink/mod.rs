@@ -132,6 +132,11 @@ pub trait Sink: Send + Sync {
     /// once one of them is known to have failed, the later ones must not be sent at all (return an
     /// error for them), or they would overtake it.
     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>>;
+
+    /// Whether the sink can reach its broker now, for `/readyz`. The default says yes.
+    fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(futures::future::ready(Ok(())))
+    }
 }
 
 impl<S: Sink + ?Sized> Sink for Box<S> {
@@ -141,6 +146,10 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
 
     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
         (**self).publish(batch)
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        (**self).ready()
     }
 }
 

@@ -88,6 +88,12 @@ impl Fixture {
 
     /// Starts the `outbox-relay` binary publishing this fixture's outbox to Kafka.
     pub fn spawn_relay(&self, extra: &[&str]) -> Child {
+        // Endpoints on a port of its own unless the test picks one, so replicas do not collide.
+        let http = if extra.contains(&"--http-addr") {
+            &[][..]
+        } else {
+            &["--http-addr", "127.0.0.1:0"][..]
+        };
         relay_command()
             .args([
                 "run",
@@ -104,11 +110,58 @@ impl Fixture {
                 "--lease-refresh",
                 "300ms",
             ])
+            .args(http)
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start outbox-relay")
+    }
+}
+
+/// A loopback port free right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET `path` from 127.0.0.1:`port`: the status code and body, or `None` if nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split_whitespace().nth(1)?.parse().ok()?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// Waits until `path` on `port` answers, and returns its answer.
+pub async fn http_get_when_up(port: u16, path: &str) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(answer) = http_get(port, path) {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "nothing answers on 127.0.0.1:{port}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -1,0 +1,130 @@
+//! The relay's metrics, through the `metrics` crate: the binary exports them for Prometheus at
+//! `/metrics`; an embedding application installs whatever recorder it uses.
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `outbox_backlog_events` | gauge | events waiting to be published (not parked) |
+//! | `outbox_oldest_unpublished_age_seconds` | gauge | age of the oldest of them |
+//! | `outbox_parked_events` | gauge | events parked as poison |
+//! | `outbox_published_total{topic}` | counter | events acked by the broker |
+//! | `outbox_failures_total{kind}` | counter | `transient` and `permanent` publish failures, `database` errors |
+//! | `outbox_batch_size` | histogram | rows claimed per batch |
+//! | `outbox_batch_duration_seconds` | histogram | claim to commit, per batch |
+//! | `outbox_commit_to_ack_seconds` | histogram | from recording (`created_at`) to the broker's ack |
+//! | `outbox_shards_leased` | gauge | shards this replica publishes |
+
+use crate::outbox_table::Outcome;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) const BACKLOG: &str = "outbox_backlog_events";
+pub(crate) const OLDEST_AGE: &str = "outbox_oldest_unpublished_age_seconds";
+pub(crate) const PARKED: &str = "outbox_parked_events";
+pub(crate) const PUBLISHED: &str = "outbox_published_total";
+pub(crate) const FAILURES: &str = "outbox_failures_total";
+pub(crate) const BATCH_SIZE: &str = "outbox_batch_size";
+pub(crate) const BATCH_DURATION: &str = "outbox_batch_duration_seconds";
+pub(crate) const COMMIT_TO_ACK: &str = "outbox_commit_to_ack_seconds";
+pub(crate) const SHARDS: &str = "outbox_shards_leased";
+
+/// Installs a Prometheus recorder with the relay's histogram buckets and returns its handle
+/// (`handle.render()` is the `/metrics` text). Fails if a recorder is already installed.
+pub fn install_prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let seconds = [
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ];
+    let sizes = [1.0, 10.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0];
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(BATCH_DURATION.into()), &seconds)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(COMMIT_TO_ACK.into()), &seconds))
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full(BATCH_SIZE.into()), &sizes))
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| e.to_string())?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_gauge!(BACKLOG, "Events waiting to be published (not parked).");
+    describe_gauge!(
+        OLDEST_AGE,
+        Unit::Seconds,
+        "Age of the oldest event waiting to be published."
+    );
+    describe_gauge!(
+        PARKED,
+        "Events parked as poison, holding back their aggregates."
+    );
+    describe_counter!(PUBLISHED, "Events acknowledged by the broker.");
+    describe_counter!(
+        FAILURES,
+        "Publish failures (transient, permanent) and database errors."
+    );
+    describe_histogram!(BATCH_SIZE, "Rows claimed per batch.");
+    describe_histogram!(
+        BATCH_DURATION,
+        Unit::Seconds,
+        "From claim to commit, per batch."
+    );
+    describe_histogram!(
+        COMMIT_TO_ACK,
+        Unit::Seconds,
+        "From recording an event to the broker's ack."
+    );
+    describe_gauge!(SHARDS, "Shards this replica publishes.");
+}
+
+/// Records one settled batch.
+pub(crate) fn batch(claimed: usize, duration: Duration, outcome: &Outcome) {
+    metrics::histogram!(BATCH_SIZE).record(claimed as f64);
+    metrics::histogram!(BATCH_DURATION).record(duration.as_secs_f64());
+    if !outcome.failed.is_empty() {
+        metrics::counter!(FAILURES, "kind" => "transient").increment(outcome.failed.len() as u64);
+    }
+    if !outcome.parked.is_empty() {
+        metrics::counter!(FAILURES, "kind" => "permanent").increment(outcome.parked.len() as u64);
+    }
+}
+
+/// Records one event acked by the broker.
+pub(crate) fn published(topic: &str, created_ms: i64) {
+    metrics::counter!(PUBLISHED, "topic" => topic.to_owned()).increment(1);
+    let lag_ms = chrono::Utc::now().timestamp_millis() - created_ms;
+    metrics::histogram!(COMMIT_TO_ACK).record(lag_ms.max(0) as f64 / 1000.0);
+}
+
+/// Records a database error that interrupted the relay.
+pub(crate) fn database_error() {
+    metrics::counter!(FAILURES, "kind" => "database").increment(1);
+}
+
+/// Records how many shards this replica leases.
+pub(crate) fn shards(n: usize) {
+    metrics::gauge!(SHARDS).set(n as f64);
+}
+
+/// Samples the backlog gauges every `every` until `shutdown`.
+pub(crate) async fn sample_backlog(
+    database_url: String,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    loop {
+        match crate::status(&database_url).await {
+            Ok(status) => {
+                metrics::gauge!(BACKLOG).set(status.backlog as f64);
+                metrics::gauge!(PARKED).set(status.parked as f64);
+                metrics::gauge!(OLDEST_AGE)
+                    .set(status.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+            }
+            Err(e) => tracing::debug!(error = %e, "backlog sample failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
