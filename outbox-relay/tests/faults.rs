@@ -1,0 +1,272 @@
+//! Faults on real PostgreSQL and Kafka, loopback only, each bounded in time: the broker stops
+//! answering for 30 s, PostgreSQL restarts, the relay is killed again and again. Every test checks
+//! what a consumer received from Kafka: nothing lost, each aggregate's first deliveries in order.
+//!
+//! The faults hit the shared services, so the tests of this file run one at a time.
+
+mod common;
+
+use common::kafka::{Received, consume};
+use common::{Fixture, free_port, http_get_when_up};
+use outbox_core::OutboxEvent;
+use outbox_core::sea_orm::{ConnectionTrait, TransactionTrait};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+static ONE_FAULT_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "meter", key = "meter")]
+struct Reading {
+    meter: String,
+    n: u64,
+}
+
+/// `scripts/services <command>`, on the services the tests run against.
+fn services(command: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services");
+    let status = Command::new(script)
+        .arg(command)
+        .status()
+        .expect("run scripts/services");
+    assert!(status.success(), "scripts/services {command} failed");
+}
+
+/// Records readings of 20 meters until stopped, one transaction per reading, each meter's `n`
+/// rising. A transaction that fails (the database restarting) is tried again; only committed
+/// readings count.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    committed: Arc<Mutex<u64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(f: &Fixture, pause: Duration) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(Mutex::new(0));
+        let task = tokio::spawn({
+            let (db, stop, committed) = (f.db.clone(), stop.clone(), committed.clone());
+            async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let reading = Reading {
+                        meter: format!("m-{}", n % 20),
+                        n,
+                    };
+                    let attempt = async {
+                        let txn = db.begin().await?;
+                        reading
+                            .record(&txn)
+                            .await
+                            .map_err(|e| outbox_core::sea_orm::DbErr::Custom(e.to_string()))?;
+                        txn.commit().await
+                    };
+                    if attempt.await.is_ok() {
+                        n += 1;
+                        *committed.lock().unwrap() = n;
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        });
+        Writer {
+            stop,
+            committed,
+            task,
+        }
+    }
+
+    /// Stops writing; returns how many readings committed.
+    async fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap();
+        *self.committed.lock().unwrap()
+    }
+}
+
+/// Every reading 0..total arrived, and each meter's first deliveries are in order.
+fn assert_complete_and_ordered(received: &[Received], total: u64) {
+    let mut firsts: HashMap<String, Vec<u64>> = HashMap::new();
+    let mut seen = HashSet::new();
+    for m in received {
+        let n = m.json()["n"].as_u64().unwrap();
+        if seen.insert(n) {
+            firsts.entry(m.key.clone()).or_default().push(n);
+        }
+    }
+    let missing: Vec<u64> = (0..total).filter(|n| !seen.contains(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} readings never arrived, such as {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    for (meter, ns) in firsts {
+        assert!(
+            ns.windows(2).all(|w| w[0] < w[1]),
+            "first deliveries of {meter} out of order: {ns:?}"
+        );
+    }
+}
+
+fn metric(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+#[tokio::test]
+async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
+    let _one = ONE_FAULT_AT_A_TIME.lock().await;
+    let f = Fixture::new().await;
+    let port = free_port();
+    let mut relay = f.spawn_relay(&["--http-addr", &format!("127.0.0.1:{port}")]);
+    let writer = Writer::start(&f, Duration::from_millis(5));
+    f.wait_until_zero(
+        "SELECT CASE WHEN count(*) >= 200 THEN 0 ELSE 1 END::bigint FROM outbox WHERE published_at IS NOT NULL",
+        Duration::from_secs(60),
+    )
+    .await;
+
+    services("pause-kafka");
+    let paused_at = Instant::now();
+    let before = metric(
+        &http_get_when_up(port, "/metrics").await.1,
+        "outbox_backlog_events",
+    );
+    // The broker stays away for about 30 s while events keep being recorded.
+    tokio::time::sleep(Duration::from_secs(28)).await;
+    let during = metric(
+        &http_get_when_up(port, "/metrics").await.1,
+        "outbox_backlog_events",
+    );
+    assert!(
+        relay.try_wait().unwrap().is_none(),
+        "the relay exited while the broker was away"
+    );
+    services("resume-kafka");
+    eprintln!(
+        "broker paused for {:?}; backlog metric {before} -> {during}",
+        paused_at.elapsed()
+    );
+    assert!(
+        during > before + 100.0,
+        "the backlog metric did not rise: {before} -> {during}"
+    );
+
+    let total = writer.finish().await;
+    f.wait_until_drained(Duration::from_secs(120)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(
+        &http_get_when_up(port, "/metrics").await.1,
+        "outbox_backlog_events",
+    ) > 0.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the backlog metric never went back to 0"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let received = consume(
+        &[&f.topic("meter")],
+        total as usize,
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_complete_and_ordered(&received, total);
+}
+
+#[tokio::test]
+async fn postgres_restarts_and_the_relay_reconnects() {
+    let _one = ONE_FAULT_AT_A_TIME.lock().await;
+    let f = Fixture::new().await;
+    let mut relay = f.spawn_relay(&[]);
+    let writer = Writer::start(&f, Duration::from_millis(5));
+    f.wait_until_zero(
+        "SELECT CASE WHEN count(*) >= 200 THEN 0 ELSE 1 END::bigint FROM outbox WHERE published_at IS NOT NULL",
+        Duration::from_secs(60),
+    )
+    .await;
+
+    services("restart-postgres");
+    let restarted = f.scalar("SELECT count(*) FROM outbox").await;
+    // Keep recording after the restart, then let the relay catch up.
+    f.wait_until_zero(
+        &format!(
+            "SELECT CASE WHEN count(*) >= {} THEN 0 ELSE 1 END::bigint FROM outbox",
+            restarted + 200
+        ),
+        Duration::from_secs(60),
+    )
+    .await;
+    let total = writer.finish().await;
+    f.wait_until_drained(Duration::from_secs(120)).await;
+    assert!(
+        relay.try_wait().unwrap().is_none(),
+        "the relay exited when PostgreSQL restarted"
+    );
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let received = consume(
+        &[&f.topic("meter")],
+        total as usize,
+        Duration::from_secs(60),
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_complete_and_ordered(&received, total);
+}
+
+#[tokio::test]
+async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
+    let _one = ONE_FAULT_AT_A_TIME.lock().await;
+    const TOTAL: u64 = 50_000;
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'meter', 'm-' || (g % 500), 'Reading', jsonb_build_object('n', g)
+         FROM generate_series(0, {}) g",
+        TOTAL - 1
+    ))
+    .await
+    .unwrap();
+
+    let published = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
+    for kill in 0..10 {
+        let mut relay = f.spawn_relay(&["--batch-size", "500"]);
+        // Let it publish a little more than before, then kill it at a moment it did not choose.
+        let target = f.scalar(published).await + 2000 + kill * 97;
+        f.wait_until_zero(
+            &format!("SELECT CASE WHEN count(*) >= {target} THEN 0 ELSE 1 END::bigint FROM outbox WHERE published_at IS NOT NULL"),
+            Duration::from_secs(60),
+        )
+        .await;
+        common::signal(&relay, "KILL");
+        relay.wait().unwrap();
+    }
+    let left = TOTAL as i64 - f.scalar(published).await;
+    eprintln!("{left} events left after ten kills");
+    let mut relay = f.spawn_relay(&["--batch-size", "500"]);
+    f.wait_until_drained(Duration::from_secs(120)).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let received = consume(
+        &[&f.topic("meter")],
+        TOTAL as usize,
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )
+    .await;
+    eprintln!("{} deliveries for {TOTAL} events", received.len());
+    assert_complete_and_ordered(&received, TOTAL);
+}
