@@ -124,7 +124,9 @@ pub struct NewEvent {
 }
 
 impl NewEvent {
-    /// Serializes `event` and gives it a new id.
+    /// Serializes `event` and gives it a new id. With the `opentelemetry` feature, the current
+    /// span's trace context (`traceparent`, `tracestate`) goes into its headers, through the
+    /// globally installed propagator.
     pub fn from_event<E: OutboxEvent + ?Sized>(event: &E) -> Result<Self> {
         let payload = serde_json::to_value(event).map_err(|source| Error::Serialize {
             event_type: E::EVENT_TYPE.to_owned(),
@@ -138,7 +140,7 @@ impl NewEvent {
             event_version: E::EVENT_VERSION,
             topic: E::TOPIC.map(str::to_owned),
             payload,
-            headers: BTreeMap::new(),
+            headers: trace_context(),
         })
     }
 
@@ -154,4 +156,31 @@ impl NewEvent {
         record::insert(txn, vec![self]).await?;
         Ok(id)
     }
+}
+
+/// The current span's W3C trace context, injected by the application's global propagator.
+#[cfg(feature = "opentelemetry")]
+fn trace_context() -> BTreeMap<String, String> {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let context = tracing::Span::current().context();
+    let mut headers = BTreeMap::new();
+    opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.inject_context(&context, &mut Injector(&mut headers));
+    });
+    headers
+}
+
+#[cfg(feature = "opentelemetry")]
+struct Injector<'a>(&'a mut BTreeMap<String, String>);
+
+#[cfg(feature = "opentelemetry")]
+impl opentelemetry::propagation::Injector for Injector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.insert(key.to_owned(), value);
+    }
+}
+
+#[cfg(not(feature = "opentelemetry"))]
+fn trace_context() -> BTreeMap<String, String> {
+    BTreeMap::new()
 }

@@ -241,3 +241,24 @@ async fn settings_come_from_the_config_file_and_flags_override_them() {
             .contains("127.0.0.1:1/none")
     );
 }
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let f = Fixture::new().await;
+    let output = relay_command()
+        .env("OUTBOX_LOG", "info")
+        .args(["--log-format", "json", "migrate", "--database-url", &f.url])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.lines().count() > 0, "migrate logged nothing");
+    for line in stderr.lines() {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(
+            value["level"].is_string() && value["fields"]["message"].is_string(),
+            "{line}"
+        );
+    }
+}
