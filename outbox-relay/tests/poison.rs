@@ -159,3 +159,30 @@ fn failed_commands_need_a_selection() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2), "skip requires --reason");
 }
+
+#[tokio::test]
+async fn skip_parked_lets_an_aggregates_later_events_go() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES {}",
+        rows("a", 1..=3, &[2]),
+    ))
+    .await
+    .unwrap();
+    let mut relay = f.spawn_relay(&["--skip-parked", "--batch-size", "1"]);
+    f.wait_until_drained(Duration::from_secs(60)).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    let received = consume(
+        &[&f.topic("stream")],
+        2,
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    )
+    .await;
+    assert_eq!(
+        ns(&received, "a"),
+        [1, 3],
+        "a3 went out although a2 is parked"
+    );
+    assert!(failed(&f, &["list"]).contains("stream:a"));
+}

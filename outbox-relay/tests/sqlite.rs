@@ -41,6 +41,14 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
     let txn = db.begin().await.unwrap();
     OrderPlaced { order_id: 99 }.record(&txn).await.unwrap();
     txn.rollback().await.unwrap();
+    // A row a non-Rust producer wrote with a payload that is not JSON: parked, never printed.
+    use outbox_core::sea_orm::ConnectionTrait;
+    db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('0193a000-0000-7000-8000-000000000001', 'order', 'bad', 'OrderPlaced', '{not json')",
+    )
+    .await
+    .unwrap();
 
     let mut relay = common::relay_command()
         .args([
@@ -95,4 +103,14 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
         .unwrap();
     let status = String::from_utf8(status.stdout).unwrap();
     assert!(status.contains("backlog:            0 events"), "{status}");
+    assert!(status.contains("parked:             1 events"), "{status}");
+    let parked = common::relay_command()
+        .args(["failed", "list", "--database-url", &url])
+        .output()
+        .unwrap();
+    let parked = String::from_utf8(parked.stdout).unwrap();
+    assert!(
+        parked.contains("order:bad") && parked.contains("payload is not valid JSON"),
+        "{parked}"
+    );
 }
