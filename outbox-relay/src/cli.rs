@@ -141,7 +141,7 @@ struct RunArgs {
     /// Rows per batch [default: 500].
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     batch_size: Option<usize>,
-    /// Wait after a batch that was not full, such as 100ms [default: 100ms].
+    /// Longest idle wait between polls (adaptive: 1ms after work, doubling while idle) [default: 100ms].
     #[arg(long, value_parser = duration)]
     poll_interval: Option<Duration>,
     /// Mark published rows, or delete them [default: mark].

@@ -24,7 +24,9 @@ pub struct RelayConfig {
     pub database_url: String,
     /// Rows claimed and published per batch. Default 500.
     pub batch_size: usize,
-    /// How long to wait after a batch that was not full. Default 100 ms.
+    /// The longest wait between polls while there is nothing to publish. Polling is adaptive: 1 ms
+    /// after a batch that found work, doubling while batches come back empty, up to this.
+    /// Default 100 ms.
     pub poll_interval: Duration,
     /// Mark rows published, or delete them. Default [`Mode::Mark`].
     pub mode: Mode,

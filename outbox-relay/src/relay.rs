@@ -116,6 +116,7 @@ impl Relay {
         };
         tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");
         let mut publish_backoff = self.backoff();
+        let mut idle = self.idle_waits();
 
         loop {
             // Stop between batches only: a batch in flight is always settled first.
@@ -163,7 +164,8 @@ impl Relay {
             }
 
             // Go again at once after a full batch; back off when nothing at all went through (the
-            // broker is away); otherwise wait for the poll interval.
+            // broker is away). Otherwise poll adaptively: soon after a batch that found work, less
+            // and less often while there is none, up to the poll interval.
             let delay = if outcome.published.is_empty() && !outcome.failed.is_empty() {
                 publish_backoff.next().unwrap_or(self.config.max_backoff)
             } else {
@@ -171,7 +173,10 @@ impl Relay {
                 if claimed == self.config.batch_size {
                     continue;
                 }
-                self.config.poll_interval
+                if claimed > 0 {
+                    idle = self.idle_waits();
+                }
+                idle.next().unwrap_or(self.config.poll_interval)
             };
             let deadline = match &leases {
                 Some(leases) => {
@@ -253,6 +258,14 @@ impl Relay {
                 }
             }
         }
+    }
+
+    /// The waits between polls that find nothing: 1 ms, doubling up to the poll interval.
+    fn idle_waits(&self) -> impl Iterator<Item = Duration> + use<> {
+        let max = self.config.poll_interval;
+        std::iter::successors(Some(Duration::from_millis(1).min(max)), move |d| {
+            Some((*d * 2).min(max))
+        })
     }
 
     fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {

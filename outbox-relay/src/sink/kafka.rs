@@ -57,7 +57,9 @@ impl KafkaConfig {
             // librdkafka's default of 5 minutes would stall a batch that long when the broker is
             // away; failed sends are retried by the relay instead.
             ("message.timeout.ms", "30000"),
-            ("linger.ms", "5"),
+            // The relay enqueues a whole batch at once and waits for its acks: lingering for more
+            // messages only adds latency.
+            ("linger.ms", "1"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))

@@ -1,0 +1,128 @@
+//! The relay draining a pre-filled backlog, in process; and the relay binary's CPU time per event
+//! and peak memory.
+
+use crate::setup;
+use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
+use outbox_relay::{Mode, Relay, RelayConfig};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+fn config(url: &str, batch: usize, mode: Mode) -> RelayConfig {
+    let mut config = RelayConfig::new(url);
+    config.batch_size = batch;
+    config.mode = mode;
+    config.retention = None;
+    config.topic_template = format!("bench-drain-{}.{{aggregate_type}}", Uuid::now_v7().simple());
+    config
+}
+
+/// Events/s acked by Kafka while `replicas` relays drain `events`.
+pub async fn drain(
+    base_url: &str,
+    brokers: &str,
+    events: usize,
+    aggregates: usize,
+    batch: usize,
+    mode: Mode,
+    replicas: usize,
+) -> f64 {
+    let db = setup::fresh(base_url).await;
+    setup::fill(&db, events, aggregates).await;
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let running: Vec<_> = (0..replicas)
+        .map(|_| {
+            let sink = KafkaSink::new(&KafkaConfig::new(brokers)).expect("sink");
+            let relay = Relay::new(config(&db.url, batch, mode), sink);
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { relay.run(shutdown).await })
+        })
+        .collect();
+    setup::wait_drained(&db).await;
+    let rate = events as f64 / started.elapsed().as_secs_f64();
+    shutdown.cancel();
+    for relay in running {
+        relay.await.unwrap();
+    }
+    rate
+}
+
+/// The relay binary's resources over one drain.
+pub struct Resources {
+    pub cpu_us_per_event: f64,
+    pub peak_rss_mib: f64,
+    pub events_per_second: f64,
+}
+
+pub async fn resources(
+    relay_bin: &Path,
+    base_url: &str,
+    brokers: &str,
+    events: usize,
+    aggregates: usize,
+) -> Resources {
+    let db = setup::fresh(base_url).await;
+    setup::fill(&db, events, aggregates).await;
+    let started = Instant::now();
+    let mut child = Command::new(relay_bin)
+        .args([
+            "run",
+            "--database-url",
+            &db.url,
+            "--kafka-brokers",
+            brokers,
+            "--http-addr",
+            "off",
+        ])
+        .args([
+            "--retention",
+            "off",
+            "--topic-template",
+            &format!("bench-res-{}.{{aggregate_type}}", Uuid::now_v7().simple()),
+        ])
+        .env("OUTBOX_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", relay_bin.display()));
+    setup::wait_drained(&db).await;
+    let elapsed = started.elapsed();
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("/proc stat");
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // utime and stime, fields 14 and 15 of stat (11 and 12 after the command name).
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    let hz: f64 = String::from_utf8(
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap_or(100.0);
+    let status =
+        std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("/proc status");
+    let hwm_kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0);
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    child.wait().unwrap();
+    Resources {
+        cpu_us_per_event: ticks / hz * 1e6 / events as f64,
+        peak_rss_mib: hwm_kib / 1024.0,
+        events_per_second: events as f64 / elapsed.as_secs_f64(),
+    }
+}

@@ -1,0 +1,156 @@
+//! Latency from the recording transaction's commit to the broker's ack, as the relay sees it (after
+//! awaiting its batch's acks), at a fixed offered rate.
+
+use crate::setup;
+use futures::future::BoxFuture;
+use outbox_core::OutboxEvent;
+use outbox_core::sea_orm::{Database, TransactionTrait};
+use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
+use outbox_relay::sink::{Message, Sink, SinkError};
+use outbox_relay::{Relay, RelayConfig, Wakeup};
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "order", key = "order_id")]
+struct LatencyProbe {
+    order_id: String,
+    customer: String,
+    total_cents: i64,
+    note: String,
+}
+
+type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
+
+/// The Kafka sink, noting when each event's ack arrived.
+struct TimingSink {
+    inner: KafkaSink,
+    acked: Times,
+}
+
+impl Sink for TimingSink {
+    fn name(&self) -> &str {
+        "kafka"
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        Box::pin(async move {
+            let results = self.inner.publish(batch).await;
+            let now = Instant::now();
+            let mut acked = self.acked.lock().unwrap();
+            for (message, result) in batch.iter().zip(&results) {
+                if result.is_ok() {
+                    acked.entry(message.event_id).or_insert(now);
+                }
+            }
+            results
+        })
+    }
+}
+
+pub struct Percentiles {
+    pub offered: f64,
+    pub achieved: f64,
+    pub p50_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+}
+
+pub async fn measure(
+    base_url: &str,
+    brokers: &str,
+    rate: usize,
+    seconds: u64,
+    wakeup: Wakeup,
+) -> Percentiles {
+    let db = setup::fresh(base_url).await;
+    if wakeup == Wakeup::Notify {
+        sqlx::raw_sql(outbox_relay::wakeup::NOTIFY_TRIGGER_SQL)
+            .execute(&db.pool)
+            .await
+            .expect("trigger");
+    }
+    let acked: Times = Arc::default();
+    let committed: Times = Arc::default();
+    let mut config = RelayConfig::new(db.url.clone());
+    config.wakeup = wakeup;
+    config.retention = None;
+    config.topic_template = format!("bench-lat-{}.{{aggregate_type}}", Uuid::now_v7().simple());
+    let sink = TimingSink {
+        inner: KafkaSink::new(&KafkaConfig::new(brokers)).unwrap(),
+        acked: acked.clone(),
+    };
+    let relay = Relay::new(config, sink);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await; // connected and leased
+
+    // Writers, each at an equal share of the rate, one event per transaction.
+    const WRITERS: usize = 8;
+    let orm = Database::connect(&db.url).await.unwrap();
+    let started = Instant::now();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (orm, committed) = (orm.clone(), committed.clone());
+            tokio::spawn(async move {
+                let period = Duration::from_secs_f64(WRITERS as f64 / rate as f64);
+                let mut ticks = tokio::time::interval(period);
+                ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+                let mut n = 0u64;
+                while started.elapsed() < Duration::from_secs(seconds) {
+                    ticks.tick().await;
+                    let probe = LatencyProbe {
+                        order_id: format!("agg-{}", (n as usize * WRITERS + w) % 1000),
+                        customer: format!("customer-{w}"),
+                        total_cents: n as i64,
+                        note: "x".repeat(110),
+                    };
+                    let txn = orm.begin().await.unwrap();
+                    let id = probe.record(&txn).await.unwrap();
+                    txn.commit().await.unwrap();
+                    committed.lock().unwrap().insert(id, Instant::now());
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let achieved = committed.lock().unwrap().len() as f64 / started.elapsed().as_secs_f64();
+    setup::wait_drained(&db).await;
+    shutdown.cancel();
+    running.await.unwrap();
+
+    let committed = committed.lock().unwrap();
+    let acked = acked.lock().unwrap();
+    let mut latencies: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, c)| {
+            acked
+                .get(id)
+                .map(|a| a.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        latencies
+            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    Percentiles {
+        offered: rate as f64,
+        achieved,
+        p50_ms: at(0.50),
+        p95_ms: at(0.95),
+        p99_ms: at(0.99),
+    }
+}

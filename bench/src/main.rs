@@ -1,0 +1,129 @@
+//! `outbox-bench`: the relay measured against the physical limits of the same machine, in one run.
+//!
+//! Run it with `scripts/bench` (which starts PostgreSQL and Kafka) or `scripts/bench --smoke`.
+//! It prints a markdown table and writes the numbers as JSON. Ratios measured in the same run are
+//! the headline; absolute rates depend on the machine.
+
+mod drain;
+mod latency;
+mod limits;
+mod record_cost;
+mod report;
+mod setup;
+
+use clap::Parser;
+use outbox_relay::{Mode, Wakeup};
+use report::{Report, Row};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(about = "Measures the outbox relay against the raw SQL and raw producer limits.")]
+struct Args {
+    /// A short run, to check that the harness works; its numbers mean little.
+    #[arg(long)]
+    smoke: bool,
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "bench-results.json")]
+    json: PathBuf,
+    /// PostgreSQL to measure on.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    database_url: String,
+    /// Kafka to measure on.
+    #[arg(long, env = "KAFKA_BROKERS")]
+    kafka_brokers: String,
+    /// The outbox-relay binary whose CPU and memory are measured [default: beside this one].
+    #[arg(long)]
+    relay_bin: Option<PathBuf>,
+}
+
+/// How much work each part does.
+struct Scale {
+    events: usize,
+    batch_sizes: &'static [usize],
+    replicas: &'static [usize],
+    rates: &'static [usize],
+    latency_seconds: u64,
+    record_iterations: usize,
+}
+
+const AGGREGATES: usize = 1000;
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let scale = if args.smoke {
+        Scale {
+            events: 2_000,
+            batch_sizes: &[100],
+            replicas: &[1],
+            rates: &[200],
+            latency_seconds: 1,
+            record_iterations: 20,
+        }
+    } else {
+        Scale {
+            events: 200_000,
+            batch_sizes: &[100, 500, 1000],
+            replicas: &[1, 2],
+            rates: &[1000, 5000],
+            latency_seconds: 10,
+            record_iterations: 2000,
+        }
+    };
+    let (db, kafka) = (args.database_url.as_str(), args.kafka_brokers.as_str());
+    let mut report = Report::new(args.smoke, scale.events, AGGREGATES);
+    report.payload_bytes = {
+        let probe = setup::fresh(db).await;
+        setup::fill(&probe, 100, AGGREGATES).await;
+        setup::payload_bytes(&probe).await
+    };
+
+    eprintln!("limits...");
+    for &batch in scale.batch_sizes {
+        for mode in [Mode::Mark, Mode::Delete] {
+            let sql = limits::raw_sql(db, scale.events, AGGREGATES, batch, mode).await;
+            let null =
+                limits::null_pipeline(db, kafka, scale.events, AGGREGATES, batch, mode).await;
+            report.limits.push(Row::limit(batch, mode, sql, null));
+        }
+    }
+    report.raw_producer = limits::raw_producer(kafka, scale.events, AGGREGATES, 500).await;
+
+    eprintln!("relay drains...");
+    for &batch in scale.batch_sizes {
+        for mode in [Mode::Mark, Mode::Delete] {
+            for &replicas in scale.replicas {
+                let rate =
+                    drain::drain(db, kafka, scale.events, AGGREGATES, batch, mode, replicas).await;
+                report.add_drain(batch, mode, replicas, rate);
+            }
+        }
+    }
+
+    eprintln!("latency...");
+    for &rate in scale.rates {
+        for wakeup in [Wakeup::Poll, Wakeup::Notify] {
+            let p = latency::measure(db, kafka, rate, scale.latency_seconds, wakeup).await;
+            report.add_latency(wakeup, p);
+        }
+    }
+
+    eprintln!("record cost...");
+    report.record_cost = record_cost::measure(db, scale.record_iterations)
+        .await
+        .to_vec();
+
+    eprintln!("relay resources...");
+    let relay_bin = args.relay_bin.unwrap_or_else(|| {
+        std::env::current_exe()
+            .unwrap()
+            .with_file_name("outbox-relay")
+    });
+    report.resources =
+        Some(drain::resources(&relay_bin, db, kafka, scale.events, AGGREGATES).await);
+
+    println!("{}", report.markdown());
+    std::fs::write(&args.json, report.json())
+        .unwrap_or_else(|e| panic!("write {}: {e}", args.json.display()));
+    eprintln!("results written to {}", args.json.display());
+}

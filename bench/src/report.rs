@@ -1,0 +1,216 @@
+//! The results: a markdown table for people, JSON for machines.
+
+use crate::drain::Resources;
+use crate::latency::Percentiles;
+use outbox_relay::{Mode, Wakeup};
+use serde_json::json;
+use std::fmt::Write;
+
+pub struct Row {
+    batch: usize,
+    mode: Mode,
+    raw_sql: f64,
+    null_pipeline: f64,
+    relay: Vec<(usize, f64)>,
+}
+
+impl Row {
+    pub fn limit(batch: usize, mode: Mode, raw_sql: f64, null_pipeline: f64) -> Row {
+        Row {
+            batch,
+            mode,
+            raw_sql,
+            null_pipeline,
+            relay: Vec::new(),
+        }
+    }
+}
+
+pub struct Report {
+    smoke: bool,
+    events: usize,
+    aggregates: usize,
+    pub payload_bytes: f64,
+    pub limits: Vec<Row>,
+    pub raw_producer: f64,
+    latency: Vec<(Wakeup, Percentiles)>,
+    pub record_cost: Vec<(String, f64)>,
+    pub resources: Option<Resources>,
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Mark => "mark",
+        Mode::Delete => "delete",
+    }
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            })
+        })
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    format!(
+        "{cpu}, {cores} cores, {mem_gib:.0} GiB; PostgreSQL and single-node Kafka on the same machine"
+    )
+}
+
+impl Report {
+    pub fn new(smoke: bool, events: usize, aggregates: usize) -> Report {
+        Report {
+            smoke,
+            events,
+            aggregates,
+            payload_bytes: 0.0,
+            limits: Vec::new(),
+            raw_producer: 0.0,
+            latency: Vec::new(),
+            record_cost: Vec::new(),
+            resources: None,
+        }
+    }
+
+    pub fn add_drain(&mut self, batch: usize, mode: Mode, replicas: usize, rate: f64) {
+        if let Some(row) = self
+            .limits
+            .iter_mut()
+            .find(|r| r.batch == batch && r.mode == mode)
+        {
+            row.relay.push((replicas, rate));
+        }
+    }
+
+    pub fn add_latency(&mut self, wakeup: Wakeup, p: Percentiles) {
+        self.latency.push((wakeup, p));
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "## outbox benchmark{}\n",
+            if self.smoke {
+                " (smoke run: numbers not meaningful)"
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(out, "Machine: {}.", machine());
+        let _ = writeln!(
+            out,
+            "Backlog: {} events over {} aggregates, payload {:.0} bytes. Raw producer (batches of 500): {:.0} msgs/s.\n",
+            self.events, self.aggregates, self.payload_bytes, self.raw_producer
+        );
+        let _ = writeln!(out, "### Draining a backlog (events/s acked by Kafka)\n");
+        let _ = writeln!(
+            out,
+            "| batch | mode | raw SQL | null pipeline | relay, 1 replica | relay, 2 replicas | efficiency (1 replica / null) |"
+        );
+        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|");
+        for r in &self.limits {
+            let relay = |n: usize| r.relay.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
+            let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
+            let efficiency =
+                relay(1).map_or("-".to_owned(), |v| format!("{:.2}", v / r.null_pipeline));
+            let _ = writeln!(
+                out,
+                "| {} | {} | {:.0} | {:.0} | {} | {} | {} |",
+                r.batch,
+                mode_name(r.mode),
+                r.raw_sql,
+                r.null_pipeline,
+                fmt(relay(1)),
+                fmt(relay(2)),
+                efficiency
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\n### Latency, commit to broker ack (as the relay sees it)\n"
+        );
+        let _ = writeln!(
+            out,
+            "| wake-up | offered/s | achieved/s | p50 ms | p95 ms | p99 ms |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+        for (wakeup, p) in &self.latency {
+            let name = if *wakeup == Wakeup::Notify {
+                "LISTEN/NOTIFY"
+            } else {
+                "adaptive polling"
+            };
+            let _ = writeln!(
+                out,
+                "| {name} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |",
+                p.offered, p.achieved, p.p50_ms, p.p95_ms, p.p99_ms
+            );
+        }
+        let _ = writeln!(out, "\n### record() in a one-row business transaction\n");
+        let _ = writeln!(out, "| transaction | mean µs | ratio to business alone |");
+        let _ = writeln!(out, "|---|---:|---:|");
+        let base = self.record_cost.first().map_or(1.0, |(_, v)| *v);
+        for (label, us) in &self.record_cost {
+            let _ = writeln!(out, "| {label} | {us:.0} | {:.2} |", us / base);
+        }
+        if let Some(r) = &self.resources {
+            let _ = writeln!(out, "\n### The relay binary (1 replica, batch 500, mark)\n");
+            let _ = writeln!(
+                out,
+                "{:.0} events/s; {:.1} µs CPU per event; peak resident memory {:.1} MiB.",
+                r.events_per_second, r.cpu_us_per_event, r.peak_rss_mib
+            );
+        }
+        out
+    }
+
+    pub fn json(&self) -> String {
+        let limits: Vec<_> = self
+            .limits
+            .iter()
+            .map(|r| {
+                json!({
+                    "batch": r.batch, "mode": mode_name(r.mode), "raw_sql": r.raw_sql, "null_pipeline": r.null_pipeline,
+                    "relay": r.relay.iter().map(|(n, v)| json!({ "replicas": n, "events_per_second": v })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let latency: Vec<_> = self
+            .latency
+            .iter()
+            .map(|(w, p)| json!({
+                "wakeup": if *w == Wakeup::Notify { "notify" } else { "poll" },
+                "offered": p.offered, "achieved": p.achieved, "p50_ms": p.p50_ms, "p95_ms": p.p95_ms, "p99_ms": p.p99_ms,
+            }))
+            .collect();
+        let value = json!({
+            "smoke": self.smoke,
+            "machine": machine(),
+            "events": self.events,
+            "aggregates": self.aggregates,
+            "payload_bytes": self.payload_bytes,
+            "raw_producer": self.raw_producer,
+            "drain": limits,
+            "latency": latency,
+            "record_cost_us": self.record_cost.iter().map(|(l, v)| json!({ "transaction": l, "mean_us": v })).collect::<Vec<_>>(),
+            "relay_binary": self.resources.as_ref().map(|r| json!({
+                "events_per_second": r.events_per_second, "cpu_us_per_event": r.cpu_us_per_event, "peak_rss_mib": r.peak_rss_mib,
+            })),
+        });
+        serde_json::to_string_pretty(&value).unwrap()
+    }
+}

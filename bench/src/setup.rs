@@ -1,0 +1,91 @@
+//! A fresh outbox per measurement, and the backlog to drain.
+
+use sqlx::Connection;
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+use uuid::Uuid;
+
+/// One measurement's own schema, migrated.
+pub struct Db {
+    /// A URL whose connections use the schema.
+    pub url: String,
+    /// A pool on it.
+    pub pool: PgPool,
+}
+
+pub async fn fresh(base_url: &str) -> Db {
+    let schema = format!("bench_{}", Uuid::now_v7().simple());
+    let mut admin = PgConnection::connect(base_url)
+        .await
+        .expect("connect to PostgreSQL");
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {schema}")))
+        .execute(&mut admin)
+        .await
+        .expect("create schema");
+    let separator = if base_url.contains('?') { '&' } else { '?' };
+    let url = format!("{base_url}{separator}options=-c%20search_path%3D{schema}");
+    let orm = outbox_core::sea_orm::Database::connect(&url)
+        .await
+        .expect("connect");
+    outbox_core::migration::migrate(&orm)
+        .await
+        .expect("migrate");
+    orm.close().await.ok();
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&url)
+        .await
+        .expect("pool");
+    Db { url, pool }
+}
+
+/// The payload of event `g`: about 200 bytes of JSON.
+pub const PAYLOAD_SQL: &str = "jsonb_build_object('order_id', 'agg-' || (g % $2), 'customer', 'customer-' || (g % 97), \
+     'total_cents', g, 'currency', 'EUR', 'note', repeat('x', 110))";
+
+/// Fills the outbox with `events` unpublished events over `aggregates` aggregates, then ANALYZE.
+pub async fn fill(db: &Db, events: usize, aggregates: usize) {
+    let chunk = 50_000;
+    let mut start = 0;
+    while start < events {
+        let end = (start + chunk).min(events);
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT gen_random_uuid(), 'order', 'agg-' || (g % $2), 'OrderPlaced', {PAYLOAD_SQL}
+             FROM generate_series($1::int8, $3::int8 - 1) g"
+        )))
+        .bind(start as i64)
+        .bind(aggregates as i64)
+        .bind(end as i64)
+        .execute(&db.pool)
+        .await
+        .expect("fill");
+        start = end;
+    }
+    sqlx::query("ANALYZE outbox")
+        .execute(&db.pool)
+        .await
+        .expect("analyze");
+}
+
+/// Average payload size in bytes.
+pub async fn payload_bytes(db: &Db) -> f64 {
+    sqlx::query_scalar("SELECT coalesce(avg(octet_length(payload::text)), 0)::float8 FROM outbox")
+        .fetch_one(&db.pool)
+        .await
+        .expect("payload size")
+}
+
+/// Rows not yet published.
+pub async fn backlog(db: &Db) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        .fetch_one(&db.pool)
+        .await
+        .expect("backlog")
+}
+
+/// Waits until the backlog is 0.
+pub async fn wait_drained(db: &Db) {
+    while backlog(db).await > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

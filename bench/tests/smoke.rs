@@ -1,0 +1,47 @@
+//! The harness's smoke mode runs with the tests, so it cannot rot. Its numbers are not asserted.
+
+#[test]
+fn the_benchmark_harness_runs_end_to_end() {
+    let json = std::env::temp_dir().join(format!("outbox-bench-smoke-{}.json", std::process::id()));
+    let relay =
+        std::path::Path::new(env!("CARGO_BIN_EXE_outbox-bench")).with_file_name("outbox-relay");
+    assert!(
+        relay.exists(),
+        "{} is missing: build the workspace first (scripts/test does)",
+        relay.display()
+    );
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_outbox-bench"))
+        .args(["--smoke", "--json"])
+        .arg(&json)
+        .arg("--relay-bin")
+        .arg(&relay)
+        .output()
+        .expect("run outbox-bench");
+    assert!(
+        output.status.success(),
+        "outbox-bench --smoke failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let table = String::from_utf8(output.stdout).unwrap();
+    for section in [
+        "Draining a backlog",
+        "Latency",
+        "record()",
+        "The relay binary",
+    ] {
+        assert!(
+            table.contains(section),
+            "the report lacks {section}:\n{table}"
+        );
+    }
+    let results: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(results["smoke"], true);
+    assert!(
+        results["drain"][0]["relay"][0]["events_per_second"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(results["relay_binary"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
+}
