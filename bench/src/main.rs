@@ -34,6 +34,18 @@ struct Args {
     /// The outbox-relay binary whose CPU and memory are measured [default: beside this one].
     #[arg(long)]
     relay_bin: Option<PathBuf>,
+    /// Run only these parts (repeat): limits, drain, latency, record, resources.
+    #[arg(long, value_enum)]
+    only: Vec<Part>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    Limits,
+    Drain,
+    Latency,
+    Record,
+    Resources,
 }
 
 /// How much work each part does.
@@ -78,49 +90,62 @@ async fn main() {
         setup::payload_bytes(&probe).await
     };
 
-    eprintln!("limits...");
-    for &batch in scale.batch_sizes {
-        for mode in [Mode::Mark, Mode::Delete] {
-            let sql = limits::raw_sql(db, scale.events, AGGREGATES, batch, mode).await;
-            let null =
-                limits::null_pipeline(db, kafka, scale.events, AGGREGATES, batch, mode).await;
-            report.limits.push(Row::limit(batch, mode, sql, null));
-        }
-    }
-    report.raw_producer = limits::raw_producer(kafka, scale.events, AGGREGATES, 500).await;
+    let run = |part: Part| args.only.is_empty() || args.only.contains(&part);
 
-    eprintln!("relay drains...");
-    for &batch in scale.batch_sizes {
-        for mode in [Mode::Mark, Mode::Delete] {
-            for &replicas in scale.replicas {
-                let rate =
-                    drain::drain(db, kafka, scale.events, AGGREGATES, batch, mode, replicas).await;
-                report.add_drain(batch, mode, replicas, rate);
+    if run(Part::Limits) || run(Part::Drain) {
+        eprintln!("limits...");
+        for &batch in scale.batch_sizes {
+            for mode in [Mode::Mark, Mode::Delete] {
+                let sql = limits::raw_sql(db, scale.events, AGGREGATES, batch, mode).await;
+                let null =
+                    limits::null_pipeline(db, kafka, scale.events, AGGREGATES, batch, mode).await;
+                report.limits.push(Row::limit(batch, mode, sql, null));
+            }
+        }
+        report.raw_producer = limits::raw_producer(kafka, scale.events, AGGREGATES, 500).await;
+    }
+
+    if run(Part::Drain) {
+        eprintln!("relay drains...");
+        for &batch in scale.batch_sizes {
+            for mode in [Mode::Mark, Mode::Delete] {
+                for &replicas in scale.replicas {
+                    let rate =
+                        drain::drain(db, kafka, scale.events, AGGREGATES, batch, mode, replicas)
+                            .await;
+                    report.add_drain(batch, mode, replicas, rate);
+                }
             }
         }
     }
 
-    eprintln!("latency...");
-    for &rate in scale.rates {
-        for wakeup in [Wakeup::Poll, Wakeup::Notify] {
-            let p = latency::measure(db, kafka, rate, scale.latency_seconds, wakeup).await;
-            report.add_latency(wakeup, p);
+    if run(Part::Latency) {
+        eprintln!("latency...");
+        for &rate in scale.rates {
+            for wakeup in [Wakeup::Poll, Wakeup::Notify] {
+                let p = latency::measure(db, kafka, rate, scale.latency_seconds, wakeup).await;
+                report.add_latency(wakeup, p);
+            }
         }
     }
 
-    eprintln!("record cost...");
-    report.record_cost = record_cost::measure(db, scale.record_iterations)
-        .await
-        .to_vec();
+    if run(Part::Record) {
+        eprintln!("record cost...");
+        report.record_cost = record_cost::measure(db, scale.record_iterations)
+            .await
+            .to_vec();
+    }
 
-    eprintln!("relay resources...");
-    let relay_bin = args.relay_bin.unwrap_or_else(|| {
-        std::env::current_exe()
-            .unwrap()
-            .with_file_name("outbox-relay")
-    });
-    report.resources =
-        Some(drain::resources(&relay_bin, db, kafka, scale.events, AGGREGATES).await);
+    if run(Part::Resources) {
+        eprintln!("relay resources...");
+        let relay_bin = args.relay_bin.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .unwrap()
+                .with_file_name("outbox-relay")
+        });
+        report.resources =
+            Some(drain::resources(&relay_bin, db, kafka, scale.events, AGGREGATES).await);
+    }
 
     println!("{}", report.markdown());
     std::fs::write(&args.json, report.json())

@@ -47,7 +47,7 @@ mod status;
 pub mod wakeup;
 
 pub use config::{RelayConfig, redact_url};
-pub use outbox_table::{Mode, PG_CLAIM as POSTGRES_CLAIM_SQL};
+pub use outbox_table::{Mode, PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
 pub use prune::{PRUNE_BATCH, prune};
 pub use relay::Relay;
 pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};

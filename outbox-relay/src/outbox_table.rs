@@ -68,7 +68,14 @@ enum Held<'c> {
     Sqlite(&'c mut SqliteConnection),
 }
 
-/// The relay's claim query on PostgreSQL, for operators to `EXPLAIN`: the oldest rows of the shards
+/// Set on the relay's PostgreSQL sessions. The claim must walk `outbox_unpublished` in `seq` order
+/// and stop at the batch size. Until autovacuum has analyzed a young or suddenly grown table, the
+/// planner believes only a few rows are unpublished and prefers to fetch them all and sort them: a
+/// claim that costs the whole backlog, which then grows further (measured in docs/BENCHMARKS.md).
+/// None of the relay's statements needs a sort, so it is ruled out.
+pub const PG_SESSION: &str = "SET enable_sort = off";
+
+/// The relay's claim query on PostgreSQL, for operators to `EXPLAIN` (after [`PG_SESSION`]): the oldest rows of the shards
 /// in `$1` (`smallint[]`), at most `$2`, whose aggregate is not blocked: no row of it backing off
 /// (`retry_at` ahead) or, when `$3` holds back parked aggregates, parked.
 pub const PG_CLAIM: &str = "
@@ -104,7 +111,9 @@ impl OutboxTable {
         if url.starts_with("sqlite:") {
             Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?))
         } else {
-            Ok(OutboxTable::Postgres(PgConnection::connect(url).await?))
+            let mut conn = PgConnection::connect(url).await?;
+            sqlx::query(PG_SESSION).execute(&mut conn).await?;
+            Ok(OutboxTable::Postgres(conn))
         }
     }
 
