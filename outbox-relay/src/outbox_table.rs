@@ -68,12 +68,16 @@ enum Held<'c> {
     Sqlite(&'c mut SqliteConnection),
 }
 
-/// Set on the relay's PostgreSQL sessions. The claim must walk `outbox_unpublished` in `seq` order
-/// and stop at the batch size. Until autovacuum has analyzed a young or suddenly grown table, the
-/// planner believes only a few rows are unpublished and prefers to fetch them all and sort them: a
-/// claim that costs the whole backlog, which then grows further (measured in docs/BENCHMARKS.md).
-/// None of the relay's statements needs a sort, so it is ruled out.
-pub const PG_SESSION: &str = "SET enable_sort = off";
+/// Set on the relay's PostgreSQL sessions, so the claim costs one batch whatever the statistics.
+///
+/// The claim must walk `outbox_unpublished` in `seq` order, stop at the batch size, and check each
+/// row's aggregate against the tiny `outbox_blocked` index. Two planner traps defeat that on a young
+/// or suddenly grown table (measured in docs/BENCHMARKS.md):
+/// - before autovacuum has analyzed it, the planner believes few rows are unpublished and fetches
+///   them all to sort them: no relay statement needs a sort, so sorting is ruled out;
+/// - a generic plan, cached by the prepared statement while the table was empty, may check the
+///   aggregate by scanning every unpublished row: plans are made for each execution instead.
+pub const PG_SESSION: &str = "SET enable_sort = off; SET plan_cache_mode = force_custom_plan";
 
 /// The relay's claim query on PostgreSQL, for operators to `EXPLAIN` (after [`PG_SESSION`]): the oldest rows of the shards
 /// in `$1` (`smallint[]`), at most `$2`, whose aggregate is not blocked: no row of it backing off
@@ -112,7 +116,7 @@ impl OutboxTable {
             Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?))
         } else {
             let mut conn = PgConnection::connect(url).await?;
-            sqlx::query(PG_SESSION).execute(&mut conn).await?;
+            sqlx::raw_sql(PG_SESSION).execute(&mut conn).await?;
             Ok(OutboxTable::Postgres(conn))
         }
     }

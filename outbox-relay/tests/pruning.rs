@@ -126,3 +126,42 @@ async fn the_claim_uses_the_partial_index_before_the_table_was_ever_analyzed() {
     .unwrap();
     assert_walks_the_partial_index(&claim_plan(&f).await);
 }
+
+/// The relay prepares the claim once per connection. A plan cached while the table was empty must
+/// not be reused once it is full: with the relay's session settings, each execution is planned
+/// for the table as it is.
+#[tokio::test]
+async fn a_claim_prepared_on_an_empty_table_stays_cheap_when_it_fills() {
+    let f = Fixture::new().await;
+    let shards: Vec<String> = (0..256).map(|s| s.to_string()).collect();
+    let claim = outbox_relay::POSTGRES_CLAIM_SQL.replace("$1", "$1::smallint[]");
+    let txn = f.db.begin().await.unwrap();
+    txn.execute_unprepared(outbox_relay::POSTGRES_SESSION_SQL)
+        .await
+        .unwrap();
+    txn.execute_unprepared(&format!("PREPARE claim(smallint[], int8, bool) AS {claim}"))
+        .await
+        .unwrap();
+    let execute = format!("EXECUTE claim('{{{}}}', 500, true)", shards.join(","));
+    for _ in 0..6 {
+        txn.execute_unprepared(&execute).await.unwrap();
+    }
+    txn.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'log', 'l-' || (g % 1000), 'Logged', '{}' FROM generate_series(1, 30000) g",
+    )
+    .await
+    .unwrap();
+    let plan: Vec<String> = txn
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!("EXPLAIN {execute}"),
+        ))
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.try_get_by_index::<String>(0).unwrap())
+        .collect();
+    txn.rollback().await.unwrap();
+    assert_walks_the_partial_index(&plan.join("\n"));
+}
