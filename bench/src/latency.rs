@@ -90,7 +90,7 @@ pub async fn measure(
         let shutdown = shutdown.clone();
         async move { relay.run(shutdown).await }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await; // connected and leased
+    setup::wait_leased(&db).await;
 
     // Writers, each at an equal share of the rate, one event per transaction.
     const WRITERS: usize = 8;

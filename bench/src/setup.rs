@@ -90,3 +90,20 @@ pub async fn wait_drained(db: &Db) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Waits until a relay holds all 256 shard leases of this outbox: it is connected and working.
+pub async fn wait_leased(db: &Db) {
+    loop {
+        let leased: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
+               AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid AND objid < 256",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("lease probe");
+        if leased == 256 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

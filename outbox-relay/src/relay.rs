@@ -260,12 +260,15 @@ impl Relay {
         }
     }
 
-    /// The waits between polls that find nothing: 1 ms, doubling up to the poll interval.
+    /// The waits between polls that find nothing: 1 ms, doubling up to the poll interval. With
+    /// NOTIFY, notifications are the fast path and polling only the fallback: always the interval.
     fn idle_waits(&self) -> impl Iterator<Item = Duration> + use<> {
         let max = self.config.poll_interval;
-        std::iter::successors(Some(Duration::from_millis(1).min(max)), move |d| {
-            Some((*d * 2).min(max))
-        })
+        let first = match self.config.wakeup {
+            Wakeup::Poll => Duration::from_millis(1).min(max),
+            Wakeup::Notify => max,
+        };
+        std::iter::successors(Some(first), move |d| Some((*d * 2).min(max)))
     }
 
     fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {

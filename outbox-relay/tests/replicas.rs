@@ -80,7 +80,7 @@ async fn wait_for_holders(f: &Fixture, replicas: usize) {
             Instant::now() < deadline,
             "shards never spread over {replicas} replicas: {holders:?}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -50,7 +50,15 @@ async fn notify_wakes_an_idle_relay() {
         Duration::from_secs(30),
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await; // let its first, empty, claim finish
+    // Its first claim (which finds nothing) must be over, so only a notification can wake it: once
+    // it holds its leases, the next statement it ends with is the claim's COMMIT.
+    f.wait_until_zero(
+        "SELECT 1 - count(*) FROM pg_stat_activity a WHERE a.state = 'idle' AND a.query = 'COMMIT' \
+           AND a.pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid)",
+        Duration::from_secs(30),
+    )
+    .await;
 
     let txn = f.db.begin().await.unwrap();
     Rang { bell: 1 }.record(&txn).await.unwrap();
