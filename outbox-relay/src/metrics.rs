@@ -13,7 +13,7 @@
 //! | `outbox_commit_to_ack_seconds` | histogram | from recording (`created_at`) to the broker's ack |
 //! | `outbox_shards_leased` | gauge | shards this replica publishes |
 
-use crate::outbox_table::Outcome;
+use crate::outbox_table::{OutboxTable, Outcome};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -106,21 +106,30 @@ pub(crate) fn shards(n: usize) {
     metrics::gauge!(SHARDS).set(n as f64);
 }
 
-/// Samples the backlog gauges every `every` until `shutdown`.
+/// Samples the backlog gauges every `every` until `shutdown`, on a connection of its own.
 pub(crate) async fn sample_backlog(
     database_url: String,
     every: Duration,
     shutdown: CancellationToken,
 ) {
+    let mut table = None;
     loop {
-        match crate::status(&database_url).await {
-            Ok(status) => {
-                metrics::gauge!(BACKLOG).set(status.backlog as f64);
-                metrics::gauge!(PARKED).set(status.parked as f64);
-                metrics::gauge!(OLDEST_AGE)
-                    .set(status.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+        if table.is_none() {
+            table = OutboxTable::connect(&database_url).await.ok();
+        }
+        if let Some(connected) = table.as_mut() {
+            match crate::status::status_on(connected).await {
+                Ok(status) => {
+                    metrics::gauge!(BACKLOG).set(status.backlog as f64);
+                    metrics::gauge!(PARKED).set(status.parked as f64);
+                    metrics::gauge!(OLDEST_AGE)
+                        .set(status.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "backlog sample failed; reconnecting");
+                    table = None;
+                }
             }
-            Err(e) => tracing::debug!(error = %e, "backlog sample failed"),
         }
         tokio::select! {
             () = tokio::time::sleep(every) => {}

@@ -32,26 +32,31 @@ impl std::fmt::Display for Status {
 
 /// Reads the status of the outbox at `database_url`.
 pub async fn status(database_url: &str) -> Result<Status, sqlx::Error> {
+    status_on(&mut OutboxTable::connect(database_url).await?).await
+}
+
+/// Reads the status over an open connection.
+pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::Error> {
     let (backlog, parked, oldest_seconds): (i64, i64, Option<f64>) =
-        match OutboxTable::connect(database_url).await? {
-            OutboxTable::Postgres(mut conn) => {
+        match table {
+            OutboxTable::Postgres(conn) => {
                 sqlx::query_as(
                     "SELECT count(*) FILTER (WHERE parked_at IS NULL),
                             count(*) FILTER (WHERE parked_at IS NOT NULL),
                             extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL))::float8
                      FROM outbox WHERE published_at IS NULL",
                 )
-                .fetch_one(&mut conn)
+                .fetch_one(&mut *conn)
                 .await?
             }
-            OutboxTable::Sqlite(mut conn) => {
+            OutboxTable::Sqlite(conn) => {
                 sqlx::query_as(
                     "SELECT count(*) FILTER (WHERE parked_at IS NULL),
                             count(*) FILTER (WHERE parked_at IS NOT NULL),
                             (julianday('now') - julianday(min(created_at) FILTER (WHERE parked_at IS NULL))) * 86400.0
                      FROM outbox WHERE published_at IS NULL",
                 )
-                .fetch_one(&mut conn)
+                .fetch_one(&mut *conn)
                 .await?
             }
         };
