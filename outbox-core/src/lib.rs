@@ -47,6 +47,7 @@
 
 mod error;
 mod event;
+pub mod inbox;
 #[cfg(feature = "migration")]
 pub mod migration;
 mod record;
