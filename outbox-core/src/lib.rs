@@ -45,6 +45,7 @@
 //! # Schema
 //! See [`schema`] (plain SQL) and [`migration`] (sea-orm-migration).
 
+mod envelope;
 mod error;
 mod event;
 pub mod inbox;
@@ -54,6 +55,7 @@ mod record;
 mod registry;
 pub mod schema;
 
+pub use envelope::{Envelope, EnvelopeError};
 pub use error::{Error, Result};
 pub use event::{NewEvent, OutboxEvent};
 pub use record::{record_all, record_new_events};

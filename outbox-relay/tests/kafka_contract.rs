@@ -7,14 +7,14 @@ mod common;
 use common::Fixture;
 use common::kafka::{Received, brokers, consume};
 use outbox_core::sea_orm::{ConnectionTrait, TransactionTrait};
-use outbox_core::{NewEvent, OutboxEvent, Uuid};
+use outbox_core::{Envelope, NewEvent, OutboxEvent, Uuid};
 use outbox_relay::Relay;
 use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Serialize, OutboxEvent)]
+#[derive(Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "order", key = "order_id")]
 struct OrderPlaced {
     order_id: String,
@@ -190,6 +190,27 @@ async fn derived_and_hand_written_events_reach_kafka_as_documented() {
     assert!(
         by_key(&received, "rolled-back").is_empty(),
         "a rolled-back event was published"
+    );
+
+    // A consumer decodes what it received back into the event type.
+    let envelope = Envelope::from_parts(
+        Some(placed_msg.key.as_bytes()),
+        placed_msg
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_bytes())),
+        &placed_msg.payload,
+    )
+    .unwrap();
+    assert_eq!(envelope.id, placed_id);
+    assert_eq!(
+        envelope.headers.get("traceparent").map(String::as_str),
+        Some(traceparent)
+    );
+    let decoded: OrderPlaced = envelope.decode().unwrap();
+    assert_eq!(
+        (decoded.order_id, decoded.total_cents),
+        (placed.order_id.clone(), placed.total_cents)
     );
     assert_eq!(received.len(), 4, "{received:#?}");
     assert_eq!(
