@@ -13,7 +13,7 @@
 //! | `outbox_commit_to_ack_seconds` | histogram | from recording (`created_at`) to the broker's ack |
 //! | `outbox_shards_leased` | gauge | shards this replica publishes |
 
-use crate::outbox_table::{OutboxTable, Outcome};
+use crate::outbox_table::{Outcome, every_tick};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -106,34 +106,27 @@ pub(crate) fn shards(n: usize) {
     metrics::gauge!(SHARDS).set(n as f64);
 }
 
-/// Samples the backlog gauges every `every` until `shutdown`, on a connection of its own.
+/// Samples the backlog gauges every `every` until `shutdown`.
 pub(crate) async fn sample_backlog(
     database_url: String,
     every: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut table = None;
-    loop {
-        if table.is_none() {
-            table = OutboxTable::connect(&database_url).await.ok();
-        }
-        if let Some(connected) = table.as_mut() {
-            match crate::status::status_on(connected).await {
-                Ok(status) => {
-                    metrics::gauge!(BACKLOG).set(status.backlog as f64);
-                    metrics::gauge!(PARKED).set(status.parked as f64);
-                    metrics::gauge!(OLDEST_AGE)
-                        .set(status.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "backlog sample failed; reconnecting");
-                    table = None;
-                }
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = shutdown.cancelled() => return,
-        }
-    }
+    every_tick(
+        &database_url,
+        every,
+        shutdown,
+        "sampling the backlog",
+        |table| {
+            Box::pin(async move {
+                let status = crate::status::status_on(table).await?;
+                metrics::gauge!(BACKLOG).set(status.backlog as f64);
+                metrics::gauge!(PARKED).set(status.parked as f64);
+                metrics::gauge!(OLDEST_AGE)
+                    .set(status.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+                Ok(())
+            })
+        },
+    )
+    .await;
 }

@@ -5,6 +5,7 @@
 //! time, so rows are read without a transaction and marked in a short one after publishing, leaving
 //! the database free for the application while the broker answers.
 
+use futures::future::BoxFuture;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Connection, FromRow, Postgres, Transaction};
@@ -171,6 +172,34 @@ impl OutboxTable {
         match self {
             OutboxTable::Postgres(conn) => Some(conn),
             OutboxTable::Sqlite(_) => None,
+        }
+    }
+}
+
+/// Runs `task` every `every` until `shutdown`, on a connection of its own that is opened again after
+/// a failure. For the relay's background work (pruning, sampling the backlog): a failure is logged
+/// and the task tried again at the next tick.
+pub(crate) async fn every_tick(
+    database_url: &str,
+    every: std::time::Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+    what: &str,
+    mut task: impl for<'t> FnMut(&'t mut OutboxTable) -> BoxFuture<'t, Result<(), sqlx::Error>>,
+) {
+    let mut table = None;
+    loop {
+        if table.is_none() {
+            table = OutboxTable::connect(database_url).await.ok();
+        }
+        if let Some(connected) = table.as_mut() {
+            if let Err(e) = task(connected).await {
+                tracing::warn!(error = %e, "{what} failed; trying again at the next tick");
+                table = None;
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = shutdown.cancelled() => return,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! WAL until it commits, stalling writers (peers have shipped that bug). Each batch is found through
 //! the partial index `outbox_published`. In delete mode there is nothing to prune.
 
-use crate::outbox_table::OutboxTable;
+use crate::outbox_table::{OutboxTable, every_tick};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -60,32 +60,21 @@ async fn prune_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, s
     }
 }
 
-/// Prunes every `every` until `shutdown`, on a connection of its own. Failures are logged and
-/// retried at the next tick.
+/// Prunes every `every` until `shutdown`.
 pub(crate) async fn prune_periodically(
     database_url: String,
     retention: Duration,
     every: Duration,
     shutdown: CancellationToken,
 ) {
-    let mut table = None;
-    loop {
-        if table.is_none() {
-            table = OutboxTable::connect(&database_url).await.ok();
-        }
-        if let Some(connected) = table.as_mut() {
-            match prune_on(connected, retention).await {
-                Ok(0) => {}
-                Ok(deleted) => tracing::info!(deleted, "pruned published events past retention"),
-                Err(e) => {
-                    tracing::warn!(error = %e, "pruning failed; trying again at the next tick");
-                    table = None;
-                }
+    every_tick(&database_url, every, shutdown, "pruning", |table| {
+        Box::pin(async move {
+            let deleted = prune_on(table, retention).await?;
+            if deleted > 0 {
+                tracing::info!(deleted, "pruned published events past retention");
             }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(every) => {}
-            () = shutdown.cancelled() => return,
-        }
-    }
+            Ok(())
+        })
+    })
+    .await;
 }
