@@ -27,6 +27,9 @@ pub(crate) struct OutboxRow {
     pub attempts: i32,
     /// When it was recorded, in milliseconds since the Unix epoch.
     pub created_ms: i64,
+    /// Whether the payload is JSON: always on PostgreSQL (jsonb), checked by SQLite's
+    /// `json_valid` there, where a TEXT column written by hand may hold anything.
+    pub payload_valid: bool,
 }
 
 /// What became of each claimed row.
@@ -86,7 +89,7 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET plan_cache_mode = force
 pub const PG_CLAIM: &str = "
 SELECT o.id::text AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.topic, o.payload::text AS payload, o.headers::text AS headers, o.attempts,
-       (extract(epoch FROM o.created_at) * 1000)::int8 AS created_ms
+       (extract(epoch FROM o.created_at) * 1000)::int8 AS created_ms, true AS payload_valid
 FROM outbox o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
   AND NOT EXISTS (SELECT 1 FROM outbox p
@@ -100,7 +103,8 @@ FOR UPDATE OF o SKIP LOCKED";
 const SQLITE_CLAIM: &str = "
 SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.topic, o.payload, o.headers, o.attempts,
-       CAST((julianday(o.created_at) - 2440587.5) * 86400000 AS INTEGER) AS created_ms
+       CAST((julianday(o.created_at) - 2440587.5) * 86400000 AS INTEGER) AS created_ms,
+       json_valid(o.payload) AS payload_valid
 FROM outbox o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM outbox p
@@ -191,11 +195,11 @@ pub(crate) async fn every_tick(
         if table.is_none() {
             table = OutboxTable::connect(database_url).await.ok();
         }
-        if let Some(connected) = table.as_mut() {
-            if let Err(e) = task(connected).await {
-                tracing::warn!(error = %e, "{what} failed; trying again at the next tick");
-                table = None;
-            }
+        if let Some(connected) = table.as_mut()
+            && let Err(e) = task(connected).await
+        {
+            tracing::warn!(error = %e, "{what} failed; trying again at the next tick");
+            table = None;
         }
         tokio::select! {
             () = tokio::time::sleep(every) => {}
