@@ -94,6 +94,21 @@ fn deliveries(received: &[Received]) -> HashMap<String, Vec<usize>> {
     by_key
 }
 
+/// What a consumer of the fixture's topic received, once every event arrived (checked).
+async fn every_event_received(f: &Fixture) -> Vec<Received> {
+    let total = AGGREGATES * ROUNDS;
+    let received = consume(
+        &[&f.topic("account")],
+        total,
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )
+    .await;
+    let ids: HashSet<&str> = received.iter().map(|m| m.header("id").unwrap()).collect();
+    assert_eq!(ids.len(), total, "every event delivered");
+    received
+}
+
 fn stop_all(relays: &mut [Child]) {
     for relay in relays {
         assert_eq!(
@@ -118,15 +133,7 @@ async fn three_replicas_deliver_every_event_once_in_order() {
     stop_all(&mut relays);
 
     let total = AGGREGATES * ROUNDS;
-    let received = consume(
-        &[&f.topic("account")],
-        total,
-        Duration::from_secs(120),
-        Duration::from_secs(3),
-    )
-    .await;
-    let ids: HashSet<&str> = received.iter().map(|m| m.header("id").unwrap()).collect();
-    assert_eq!(ids.len(), total, "every event delivered");
+    let received = every_event_received(&f).await;
     assert_eq!(received.len(), total, "no event delivered twice");
     let expected: Vec<usize> = (0..ROUNDS).collect();
     let by_key = deliveries(&received);
@@ -178,15 +185,7 @@ async fn a_replica_killed_mid_run_loses_nothing_and_keeps_first_delivery_order()
     stop_all(&mut relays);
 
     let total = AGGREGATES * ROUNDS;
-    let received = consume(
-        &[&f.topic("account")],
-        total,
-        Duration::from_secs(120),
-        Duration::from_secs(3),
-    )
-    .await;
-    let ids: HashSet<&str> = received.iter().map(|m| m.header("id").unwrap()).collect();
-    assert_eq!(ids.len(), total, "every event delivered");
+    let received = every_event_received(&f).await;
     let duplicates = received.len() - total;
     eprintln!("{duplicates} duplicates after the kill");
     assert!(
