@@ -100,7 +100,7 @@ impl Inbox {
 
     /// Records the event for this consumer; false if it was already there. A concurrent
     /// transaction recording the same event makes this wait until it commits or rolls back.
-    async fn record(&self, txn: &DatabaseTransaction, event_id: Uuid) -> Result<bool> {
+    pub(crate) async fn record(&self, txn: &DatabaseTransaction, event_id: Uuid) -> Result<bool> {
         let backend = txn.get_database_backend();
         let sql = match backend {
             DbBackend::Postgres => {

@@ -45,6 +45,8 @@
 //! # Schema
 //! See [`schema`] (plain SQL) and [`migration`] (sea-orm-migration).
 
+#[cfg(any(feature = "kafka", feature = "pulsar"))]
+pub mod consumer;
 mod envelope;
 mod error;
 mod event;

@@ -30,6 +30,8 @@ use crate::routing::Router;
 use crate::sink::SinkConfig;
 #[cfg(feature = "kafka")]
 use crate::sink::kafka::KafkaConfig;
+#[cfg(feature = "pulsar")]
+use crate::sink::pulsar::PulsarConfig;
 use crate::wakeup::{NOTIFY_TRIGGER_SQL, Wakeup};
 use crate::{Relay, status};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -138,6 +140,18 @@ struct RunArgs {
     /// A librdkafka producer setting, KEY=VALUE; repeat for more.
     #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = key_value)]
     kafka_options: Vec<(String, String)>,
+    /// Pulsar service URL, pulsar://host:port.
+    #[cfg(feature = "pulsar")]
+    #[arg(long, env = "PULSAR_URL")]
+    pulsar_url: Option<String>,
+    /// Pulsar tenant of the topics [default: public].
+    #[cfg(feature = "pulsar")]
+    #[arg(long)]
+    pulsar_tenant: Option<String>,
+    /// Pulsar namespace of the topics [default: default].
+    #[cfg(feature = "pulsar")]
+    #[arg(long)]
+    pulsar_namespace: Option<String>,
     /// Rows per batch [default: 500].
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     batch_size: Option<usize>,
@@ -188,6 +202,8 @@ struct Retention(Option<Duration>);
 enum SinkKind {
     #[cfg(feature = "kafka")]
     Kafka,
+    #[cfg(feature = "pulsar")]
+    Pulsar,
     Stdout,
 }
 
@@ -376,25 +392,23 @@ fn run_config(
     config.mode = args.mode.or(file.mode).unwrap_or_default();
     config.wakeup = args.wakeup.or(file.wakeup).unwrap_or_default();
     config.strict = args.strict || file.strict.unwrap_or(false);
-    if let Some(t) = args.topic_template.or(file.topic_template) {
+    if let Some(t) = args.topic_template.clone().or(file.topic_template) {
         config.topic_template = t;
     }
     if config.wakeup == Wakeup::Notify && config.database_url.starts_with("sqlite:") {
         return Err(UsageError("--wakeup notify needs PostgreSQL".into()));
     }
-    let sink = sink_config(args.sink, args.kafka_brokers, args.kafka_options, file.sink)?;
+    let sink = sink_config(&args, file.sink)?;
     Ok((config, sink))
 }
 
-fn sink_config(
-    kind: Option<SinkKind>,
-    brokers: Option<String>,
-    options: Vec<(String, String)>,
-    file: Option<SinkConfig>,
-) -> Result<SinkConfig, UsageError> {
+/// The sink from the flags over the `[sink]` table of the config file.
+fn sink_config(args: &RunArgs, file: Option<SinkConfig>) -> Result<SinkConfig, UsageError> {
     let file_kind = match &file {
         #[cfg(feature = "kafka")]
         Some(SinkConfig::Kafka(_)) => Some(SinkKind::Kafka),
+        #[cfg(feature = "pulsar")]
+        Some(SinkConfig::Pulsar(_)) => Some(SinkKind::Pulsar),
         Some(SinkConfig::Stdout) => Some(SinkKind::Stdout),
         None => None,
     };
@@ -402,7 +416,7 @@ fn sink_config(
     let default = SinkKind::Kafka;
     #[cfg(not(feature = "kafka"))]
     let default = SinkKind::Stdout;
-    match kind.or(file_kind).unwrap_or(default) {
+    match args.sink.or(file_kind).unwrap_or(default) {
         SinkKind::Stdout => Ok(SinkConfig::Stdout),
         #[cfg(feature = "kafka")]
         SinkKind::Kafka => {
@@ -410,16 +424,44 @@ fn sink_config(
                 Some(SinkConfig::Kafka(kafka)) => kafka,
                 _ => KafkaConfig::new(""),
             };
-            if let Some(brokers) = brokers {
-                kafka.brokers = brokers;
+            if let Some(brokers) = &args.kafka_brokers {
+                kafka.brokers = brokers.clone();
             }
             if kafka.brokers.trim().is_empty() {
                 return Err(UsageError(
                     "the kafka sink needs brokers: --kafka-brokers, KAFKA_BROKERS or `brokers` in [sink]".into(),
                 ));
             }
-            kafka.options.extend(options);
+            kafka.options.extend(args.kafka_options.iter().cloned());
             Ok(SinkConfig::Kafka(kafka))
+        }
+        #[cfg(feature = "pulsar")]
+        SinkKind::Pulsar => {
+            let mut pulsar = match file {
+                Some(SinkConfig::Pulsar(pulsar)) => pulsar,
+                _ => PulsarConfig::new(""),
+            };
+            if let Some(url) = &args.pulsar_url {
+                pulsar.url = url.clone();
+            }
+            if let Some(tenant) = &args.pulsar_tenant {
+                pulsar.tenant = tenant.clone();
+            }
+            if let Some(namespace) = &args.pulsar_namespace {
+                pulsar.namespace = namespace.clone();
+            }
+            if pulsar.url.trim().is_empty() {
+                return Err(UsageError(
+                    "the pulsar sink needs a service URL: --pulsar-url, PULSAR_URL or `url` in [sink]".into(),
+                ));
+            }
+            if !pulsar.url.starts_with("pulsar://") && !pulsar.url.starts_with("pulsar+ssl://") {
+                return Err(UsageError(format!(
+                    "pulsar URL {:?} must start with pulsar:// or pulsar+ssl://",
+                    pulsar.url
+                )));
+            }
+            Ok(SinkConfig::Pulsar(pulsar))
         }
     }
 }

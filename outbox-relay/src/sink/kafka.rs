@@ -3,7 +3,7 @@
 //! The producer is idempotent with `acks=all`, so a message the broker acked is durable and a
 //! retried send is not duplicated by the producer itself. librdkafka settings pass through.
 
-use super::{Message, Sink, SinkError};
+use super::{HELD_BACK, Message, Sink, SinkError};
 use futures::future::BoxFuture;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -183,9 +183,6 @@ impl KafkaSink {
         }
     }
 }
-
-/// Why a message was not sent: an earlier message with its key failed in the same batch.
-pub const HELD_BACK: &str = "not sent: an earlier event of its aggregate failed";
 
 /// Errors no retry can fix: the message, its topic or the relay's rights must change first.
 fn classify(error: &KafkaError) -> SinkError {

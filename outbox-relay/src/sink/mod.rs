@@ -7,6 +7,8 @@
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod memory;
+#[cfg(feature = "pulsar")]
+pub mod pulsar;
 pub mod stdout;
 
 use futures::future::BoxFuture;
@@ -101,6 +103,9 @@ impl SinkError {
     }
 }
 
+/// Why a message was not sent: an earlier message with its key failed in the same batch.
+pub const HELD_BACK: &str = "not sent: an earlier event of its aggregate failed";
+
 /// A destination for events.
 ///
 /// ```
@@ -170,6 +175,9 @@ pub enum SinkConfig {
     /// Apache Kafka, through rdkafka.
     #[cfg(feature = "kafka")]
     Kafka(kafka::KafkaConfig),
+    /// Apache Pulsar, through the `pulsar` crate.
+    #[cfg(feature = "pulsar")]
+    Pulsar(pulsar::PulsarConfig),
     /// One JSON line per event on standard output.
     Stdout,
 }
@@ -180,6 +188,8 @@ impl SinkConfig {
         match self {
             #[cfg(feature = "kafka")]
             SinkConfig::Kafka(config) => Ok(Box::new(kafka::KafkaSink::new(config)?)),
+            #[cfg(feature = "pulsar")]
+            SinkConfig::Pulsar(config) => Ok(Box::new(pulsar::PulsarSink::new(config)?)),
             SinkConfig::Stdout => Ok(Box::new(stdout::StdoutSink)),
         }
     }

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod kafka;
+pub mod pulsar;
 
 use outbox_core::Uuid;
 use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
@@ -88,6 +89,16 @@ impl Fixture {
 
     /// Starts the `outbox-relay` binary publishing this fixture's outbox to Kafka.
     pub fn spawn_relay(&self, extra: &[&str]) -> Child {
+        self.spawn_relay_to(&["--kafka-brokers", &kafka::brokers()], extra)
+    }
+
+    /// Starts the `outbox-relay` binary publishing this fixture's outbox to Pulsar.
+    pub fn spawn_pulsar_relay(&self, extra: &[&str]) -> Child {
+        self.spawn_relay_to(&["--sink", "pulsar", "--pulsar-url", &pulsar::url()], extra)
+    }
+
+    /// Starts the `outbox-relay` binary with `sink` arguments, then `extra` ones.
+    pub fn spawn_relay_to(&self, sink: &[&str], extra: &[&str]) -> Child {
         // Endpoints on a port of its own unless the test picks one, so replicas do not collide.
         let http = if extra.contains(&"--http-addr") {
             &[][..]
@@ -95,13 +106,8 @@ impl Fixture {
             &["--http-addr", "127.0.0.1:0"][..]
         };
         relay_command()
-            .args([
-                "run",
-                "--database-url",
-                &self.url,
-                "--kafka-brokers",
-                &kafka::brokers(),
-            ])
+            .args(["run", "--database-url", &self.url])
+            .args(sink)
             .args([
                 "--topic-template",
                 &self.template,
@@ -171,6 +177,7 @@ pub fn relay_command() -> Command {
     command
         .env_remove("DATABASE_URL")
         .env_remove("KAFKA_BROKERS")
+        .env_remove("PULSAR_URL")
         .env(
             "OUTBOX_LOG",
             std::env::var("OUTBOX_TEST_RELAY_LOG").unwrap_or_else(|_| "warn".into()),

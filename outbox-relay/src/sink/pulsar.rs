@@ -1,0 +1,303 @@
+//! The Pulsar sink, through the `pulsar` crate.
+//!
+//! One producer per topic, created on first use. Each message carries the aggregate id as both
+//! partition key (same partition of a partitioned topic) and ordering key (same consumer of a
+//! `Key_Shared` subscription), the contract headers as properties, and the payload JSON as value.
+//! A row is marked published only after the broker's send receipt.
+//!
+//! Producers get the broker's generated names, not stable ones: the `pulsar` crate numbers each
+//! producer's messages from 0 and offers no way to set a message's `sequence_id`, so a stable
+//! name on a deduplicating namespace would make the broker drop every message of a restarted
+//! relay as a replay. Broker-side deduplication still drops the crate's own resends after a
+//! reconnect; a resend after a relay crash is a duplicate that consumers' inbox absorbs
+//! (`docs/design.md`, "Pulsar").
+
+use super::{HELD_BACK, Message, Sink, SinkError};
+use futures::future::BoxFuture;
+use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
+use pulsar::message::proto::ServerError;
+use pulsar::{Producer, ProducerOptions, Pulsar, TokioExecutor, producer};
+use serde::Deserialize;
+use std::collections::{HashMap, HashSet};
+use tokio::sync::Mutex;
+
+/// The `[sink]` table for Pulsar.
+///
+/// ```toml
+/// [sink]
+/// type = "pulsar"
+/// url = "pulsar://127.0.0.1:6650"
+/// tenant = "public"        # the default
+/// namespace = "default"    # the default
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PulsarConfig {
+    /// The service URL, `pulsar://host:port` (or `pulsar+ssl://`).
+    pub url: String,
+    /// The tenant of the relay's topics.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
+    /// The namespace of the relay's topics.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The largest payload sent; a larger one is parked as permanent failure instead of being
+    /// resent forever. Pulsar's default `maxMessageSize` is 5 MiB.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: usize,
+}
+
+fn default_tenant() -> String {
+    "public".into()
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn default_max_message_bytes() -> usize {
+    5 * 1024 * 1024 - 16 * 1024 // room for the message's metadata
+}
+
+impl PulsarConfig {
+    /// A configuration for the service at `url`, in `public/default`.
+    pub fn new(url: impl Into<String>) -> Self {
+        PulsarConfig {
+            url: url.into(),
+            tenant: default_tenant(),
+            namespace: default_namespace(),
+            max_message_bytes: default_max_message_bytes(),
+        }
+    }
+
+    /// The Pulsar topic for a routed topic name: `persistent://tenant/namespace/name`, unless the
+    /// route already names a full Pulsar topic.
+    ///
+    /// ```
+    /// # use outbox_relay::sink::pulsar::PulsarConfig;
+    /// let config = PulsarConfig::new("pulsar://127.0.0.1:6650");
+    /// assert_eq!(config.topic("outbox.event.order"), "persistent://public/default/outbox.event.order");
+    /// assert_eq!(config.topic("persistent://shop/events/orders"), "persistent://shop/events/orders");
+    /// ```
+    pub fn topic(&self, routed: &str) -> String {
+        if routed.starts_with("persistent://") || routed.starts_with("non-persistent://") {
+            routed.to_owned()
+        } else {
+            format!("persistent://{}/{}/{routed}", self.tenant, self.namespace)
+        }
+    }
+}
+
+/// Publishes to Pulsar: key and ordering key = aggregate id, properties = headers.
+pub struct PulsarSink {
+    config: PulsarConfig,
+    /// The client and one producer per topic, created on first use. Sends take `&mut` producers,
+    /// and one batch at a time keeps each key's messages in order.
+    state: Mutex<Connected>,
+}
+
+#[derive(Default)]
+struct Connected {
+    client: Option<Pulsar<TokioExecutor>>,
+    producers: HashMap<String, Producer<TokioExecutor>>,
+    /// Topics whose producer was closed or fenced: replaced before the next batch, never
+    /// mid-batch, where dropping it would fail messages already in flight.
+    closed: HashSet<String>,
+}
+
+impl std::fmt::Debug for PulsarSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PulsarSink")
+            .field("url", &self.config.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PulsarSink {
+    /// Creates the sink. It connects lazily: an unreachable broker shows up as failed sends.
+    pub fn new(config: &PulsarConfig) -> Result<Self, SinkError> {
+        if !config.url.starts_with("pulsar://") && !config.url.starts_with("pulsar+ssl://") {
+            return Err(SinkError::permanent(format!(
+                "pulsar url must start with pulsar:// or pulsar+ssl://, got {:?}",
+                config.url
+            )));
+        }
+        Ok(PulsarSink {
+            config: config.clone(),
+            state: Mutex::new(Connected::default()),
+        })
+    }
+}
+
+impl Connected {
+    async fn client(&mut self, url: &str) -> Result<&Pulsar<TokioExecutor>, SinkError> {
+        if self.client.is_none() {
+            let client = Pulsar::builder(url, TokioExecutor)
+                .build()
+                .await
+                .map_err(|e| classify(&e))?;
+            self.client = Some(client);
+        }
+        Ok(self.client.as_ref().expect("just set"))
+    }
+
+    async fn producer(
+        &mut self,
+        url: &str,
+        topic: &str,
+    ) -> Result<&mut Producer<TokioExecutor>, SinkError> {
+        if !self.producers.contains_key(topic) {
+            let producer = self
+                .client(url)
+                .await?
+                .producer()
+                .with_topic(topic)
+                // No batching: the relay already sends a whole batch before awaiting receipts.
+                // A full send queue waits, as Kafka's does, rather than failing the message.
+                .with_options(ProducerOptions {
+                    block_queue_if_full: true,
+                    ..ProducerOptions::default()
+                })
+                .build()
+                .await
+                .map_err(|e| classify(&e))?;
+            self.producers.insert(topic.to_owned(), producer);
+        }
+        Ok(self.producers.get_mut(topic).expect("just inserted"))
+    }
+}
+
+impl Sink for PulsarSink {
+    fn name(&self) -> &str {
+        "pulsar"
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+        Box::pin(async move {
+            let mut state = self.state.lock().await;
+            let namespace = format!("{}/{}", self.config.tenant, self.config.namespace);
+            let client = state.client(&self.config.url).await?;
+            client
+                .get_topics_of_namespace(
+                    namespace,
+                    pulsar::message::proto::command_get_topics_of_namespace::Mode::All,
+                )
+                .await
+                .map(drop)
+                .map_err(|e| SinkError::new(format!("broker unreachable: {e}")))
+        })
+    }
+
+    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        Box::pin(async move {
+            // Send the whole batch, then await the receipts: one round of broker latency per
+            // batch. A message that cannot be sent stops its key's later messages, so they cannot
+            // reach the broker ahead of it.
+            let mut pending = Vec::with_capacity(batch.len());
+            let mut refused_keys = HashSet::new();
+            {
+                let mut state = self.state.lock().await;
+                let closed = std::mem::take(&mut state.closed);
+                state.producers.retain(|topic, _| !closed.contains(topic));
+                for message in batch {
+                    if refused_keys.contains(message.key.as_str()) {
+                        pending.push(Err(SinkError::new(HELD_BACK)));
+                        continue;
+                    }
+                    let sent = self.send(&mut state, message).await;
+                    if sent.is_err() {
+                        refused_keys.insert(message.key.as_str());
+                    }
+                    pending.push(sent);
+                }
+            }
+            let mut results = Vec::with_capacity(batch.len());
+            let mut closed = HashSet::new();
+            for (sent, message) in pending.into_iter().zip(batch) {
+                results.push(match sent {
+                    Ok(receipt) => receipt.await.map(drop).map_err(|e| {
+                        if producer_gone(&e) {
+                            closed.insert(self.config.topic(&message.topic));
+                        }
+                        classify(&e)
+                    }),
+                    Err(e) => Err(e),
+                });
+            }
+            if !closed.is_empty() {
+                self.state.lock().await.closed.extend(closed);
+            }
+            results
+        })
+    }
+}
+
+impl PulsarSink {
+    async fn send(
+        &self,
+        state: &mut Connected,
+        message: &Message,
+    ) -> Result<producer::SendFuture, SinkError> {
+        if message.payload.len() > self.config.max_message_bytes {
+            return Err(SinkError::permanent(format!(
+                "message of {} bytes is larger than max_message_bytes ({})",
+                message.payload.len(),
+                self.config.max_message_bytes
+            )));
+        }
+        let topic = self.config.topic(&message.topic);
+        let producer = state.producer(&self.config.url, &topic).await?;
+        let outgoing = producer::Message {
+            payload: message.payload.clone(),
+            properties: message.headers.iter().cloned().collect(),
+            partition_key: Some(message.key.clone()),
+            ordering_key: Some(message.key.clone().into_bytes()),
+            ..Default::default()
+        };
+        producer.send_non_blocking(outgoing).await.map_err(|e| {
+            if producer_gone(&e) {
+                state.closed.insert(topic);
+            }
+            classify(&e)
+        })
+    }
+}
+
+/// Whether the producer that returned `error` cannot send any more.
+fn producer_gone(error: &pulsar::Error) -> bool {
+    matches!(
+        error,
+        pulsar::Error::Producer(ProducerError::Closed | ProducerError::Fenced)
+    )
+}
+
+/// Errors no retry can fix: the topic, the relay's rights or the message must change first.
+fn classify(error: &pulsar::Error) -> SinkError {
+    let server_error = match error {
+        pulsar::Error::Connection(ConnectionError::PulsarError(code, _))
+        | pulsar::Error::Producer(ProducerError::Connection(ConnectionError::PulsarError(
+            code,
+            _,
+        )))
+        | pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(code, _)) => *code,
+        _ => None,
+    };
+    let permanent = matches!(
+        server_error,
+        Some(
+            ServerError::TopicNotFound
+                | ServerError::AuthorizationError
+                | ServerError::AuthenticationError
+                | ServerError::InvalidTopicName
+                | ServerError::IncompatibleSchema
+                | ServerError::NotAllowedError
+        )
+    );
+    let message = format!("pulsar: {error}");
+    if permanent {
+        SinkError::permanent(message)
+    } else {
+        SinkError::new(message)
+    }
+}
