@@ -45,7 +45,7 @@ pub mod pulsar;
 
 use crate::inbox::Inbox;
 use crate::{Envelope, EnvelopeError};
-use futures_core::future::BoxFuture;
+pub use futures_core::future::BoxFuture;
 use sea_orm::{DatabaseConnection, DatabaseTransaction, TransactionTrait};
 use std::future::Future;
 use std::time::Duration;
@@ -53,6 +53,26 @@ use std::time::Duration;
 /// What a handler returns when it fails: any error. An [`EnvelopeError`] (from
 /// [`Envelope::decode`]) marks the message as poison at once; other errors are retried first.
 pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Gives a handler closure the signature the loops take, for a closure kept in a variable
+/// before it is passed (Rust infers a closure's lifetimes from where it is written).
+///
+/// ```
+/// use outbox_core::consumer::handler;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+///
+/// let seen = std::sync::Arc::new(AtomicUsize::new(0));
+/// let count = handler(move |_envelope, _txn| {
+///     seen.fetch_add(1, Ordering::Relaxed);
+///     Box::pin(async { Ok(()) })
+/// });
+/// ```
+pub fn handler<H>(handler: H) -> H
+where
+    H: for<'t> Fn(&'t Envelope, &'t DatabaseTransaction) -> BoxFuture<'t, Result<(), HandlerError>>,
+{
+    handler
+}
 
 /// What to do with a poison message: one that cannot be decoded, or that the handler rejected on
 /// every attempt.
@@ -69,8 +89,8 @@ pub enum PoisonPolicy {
         /// The dead-letter topic (for Pulsar, a topic name or a full `persistent://` name).
         topic: String,
     },
-    /// Keep retrying at the longest backoff. The message's partition (Kafka) or the loop (Pulsar)
-    /// waits; nothing is lost and nothing spins.
+    /// Keep retrying at the longest backoff. The loop waits on the message; nothing is lost and
+    /// nothing spins.
     Retry,
 }
 

@@ -29,7 +29,7 @@ struct OrderPlaced {
 
 /// The business effect: one row per applied event, numbered in the order applied.
 const EFFECTS: &str = "CREATE TABLE effects (
-    pos bigserial PRIMARY KEY, event_id uuid UNIQUE NOT NULL, aggregate_id text NOT NULL,
+    pos bigserial PRIMARY KEY, event_id uuid NOT NULL, aggregate_id text NOT NULL,
     n bigint NOT NULL, instance text NOT NULL)";
 
 /// The handler of every test: decode, then write the effect in the inbox's transaction.
@@ -342,4 +342,279 @@ async fn kafka_two_instances_apply_each_event_once_in_order() {
 #[tokio::test]
 async fn pulsar_two_instances_apply_each_event_once_in_order() {
     two_instances_apply_each_event_once_in_order(true).await;
+}
+
+/// Publishes a message straight to the broker, as a misbehaving producer would.
+async fn publish_raw(
+    pulsar: bool,
+    topic: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    payload: &[u8],
+) {
+    if pulsar {
+        let client = ::pulsar::Pulsar::builder(common::pulsar::url(), ::pulsar::TokioExecutor)
+            .build()
+            .await
+            .unwrap();
+        let mut producer = client.producer().with_topic(topic).build().await.unwrap();
+        let message = ::pulsar::producer::Message {
+            payload: payload.to_vec(),
+            properties: headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            partition_key: Some(key.to_owned()),
+            ordering_key: Some(key.as_bytes().to_vec()),
+            ..Default::default()
+        };
+        producer
+            .send_non_blocking(message)
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    } else {
+        use rdkafka::message::{Header, OwnedHeaders};
+        use rdkafka::producer::{FutureProducer, FutureRecord};
+        let producer: FutureProducer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", common::kafka::brokers())
+            .create()
+            .unwrap();
+        let mut owned = OwnedHeaders::new();
+        for (key, value) in headers {
+            owned = owned.insert(Header {
+                key,
+                value: Some(*value),
+            });
+        }
+        let record = FutureRecord::to(topic)
+            .key(key)
+            .payload(payload)
+            .headers(owned);
+        producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+}
+
+/// The headers (Kafka) or properties (Pulsar) of the messages on `topic`.
+async fn headers_on(pulsar: bool, topic: &str, expected: usize) -> Vec<BTreeMap<String, String>> {
+    let (timeout, quiet) = (Duration::from_secs(60), Duration::from_secs(1));
+    if pulsar {
+        common::pulsar::consume(topic, expected, timeout, quiet)
+            .await
+            .into_iter()
+            .map(|m| m.properties.into_iter().collect())
+            .collect()
+    } else {
+        common::kafka::consume(&[topic], expected, timeout, quiet)
+            .await
+            .into_iter()
+            .map(|m| m.headers.into_iter().collect())
+            .collect()
+    }
+}
+
+/// A topic holding, in this order: a good event of o0, a message that is no outbox event (if
+/// `not_an_event`), an event of o0 whose payload does not decode, and the next good event of o0.
+async fn topic_with_poison(f: &Fixture, pulsar: bool, not_an_event: bool) -> String {
+    let topic = if pulsar {
+        common::pulsar::topic(&f.topic("order"))
+    } else {
+        f.topic("order")
+    };
+    for n in 0..2 {
+        let txn = f.db.begin().await.unwrap();
+        OrderPlaced {
+            order_id: "o0".into(),
+            n,
+        }
+        .record(&txn)
+        .await
+        .unwrap();
+        txn.commit().await.unwrap();
+        relay_all(f, pulsar).await;
+        if n == 0 {
+            if not_an_event {
+                publish_raw(pulsar, &topic, "x", &[], b"hello").await;
+            }
+            let id = Uuid::now_v7().to_string();
+            let headers = [
+                ("id", id.as_str()),
+                ("event_type", "OrderPlaced"),
+                ("aggregate_type", "order"),
+                ("event_version", "1"),
+            ];
+            publish_raw(pulsar, &topic, "o0", &headers, br#"{"order_id": "o0"}"#).await;
+        }
+    }
+    topic
+}
+
+/// Effects of `instance`, as (aggregate, n) in the order applied.
+async fn effects_of(f: &Fixture, instance: &str) -> Vec<(String, i64)> {
+    f.db.query_all_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT aggregate_id, n FROM effects WHERE instance = $1 ORDER BY pos",
+        [instance.into()],
+    ))
+    .await
+    .unwrap()
+    .into_iter()
+    .map(|row| {
+        (
+            row.try_get_by_index(0).unwrap(),
+            row.try_get_by_index(1).unwrap(),
+        )
+    })
+    .collect()
+}
+
+async fn poison_follows_the_policy(pulsar: bool) {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(EFFECTS).await.unwrap();
+    let topic = topic_with_poison(&f, pulsar, true).await;
+    let run =
+        |name: &str, policy: PoisonPolicy, rx: watch::Receiver<bool>, instance: &'static str| {
+            let options = options(&format!("{}-{name}", f.prefix))
+                .attempts(2)
+                .poison(policy);
+            let (db, topic) = (f.db.clone(), topic.clone());
+            async move {
+                if pulsar {
+                    pulsar_consumer(&db, &topic, options, rx, instance).await
+                } else {
+                    kafka_consumer(&db, &topic, options, rx, instance).await
+                }
+            }
+        };
+    let never = watch::channel(false);
+
+    // Stop: the loop ends with the poison, uncommitted, so the next run meets it again.
+    for _ in 0..2 {
+        match run("stop", PoisonPolicy::Stop, never.1.clone(), "stop").await {
+            Err(ConsumerError::Poison { reason, .. }) => assert!(
+                reason.contains("not an outbox event")
+                    || reason.contains("is not a valid `OrderPlaced`"),
+                "{reason}"
+            ),
+            other => panic!("expected a poison stop, got {other:?}"),
+        }
+    }
+
+    // Dead letter: both poison messages go there with the reason, the good events are applied.
+    let dead = if pulsar {
+        common::pulsar::topic(&format!("{}.dead", f.prefix))
+    } else {
+        format!("{}.dead", f.prefix)
+    };
+    let (tx, rx) = watch::channel(false);
+    let dead_lettering = tokio::spawn(run(
+        "dead",
+        PoisonPolicy::DeadLetter {
+            topic: dead.clone(),
+        },
+        rx,
+        "dead",
+    ));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while effects_of(&f, "dead").await.len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the good events were not applied"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let letters = headers_on(pulsar, &dead, 2).await;
+    tx.send(true).unwrap();
+    let consumed = dead_lettering.await.unwrap().unwrap();
+    assert_eq!(
+        (consumed.applied, consumed.dead_lettered),
+        (2, 2),
+        "{consumed:?}"
+    );
+    assert_eq!(
+        effects_of(&f, "dead").await,
+        vec![("o0".into(), 0), ("o0".into(), 1)]
+    );
+    assert_eq!(letters.len(), 2);
+    for letter in &letters {
+        assert!(letter["outbox_error"].len() > 10, "{letter:?}");
+        assert!(
+            topic.ends_with(&letter["outbox_source_topic"])
+                || letter["outbox_source_topic"] == topic,
+            "{letter:?}"
+        );
+    }
+    assert!(
+        letters
+            .iter()
+            .any(|l| l["outbox_error"].contains("no `id` header")),
+        "{letters:?}"
+    );
+    assert!(
+        letters
+            .iter()
+            .any(|l| l["outbox_error"].contains("missing field `n`")),
+        "{letters:?}"
+    );
+
+    // Retry: the poison event of o0 holds back o0's next event, and the loop waits between
+    // tries instead of spinning. A topic of o0's events only, so the order is known.
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(EFFECTS).await.unwrap();
+    let topic = topic_with_poison(&f, pulsar, false).await;
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let options = options(&format!("{}-retry", f.prefix))
+        .attempts(2)
+        .backoff(Duration::from_millis(50), Duration::from_millis(200))
+        .poison(PoisonPolicy::Retry);
+    let (tx, rx) = watch::channel(false);
+    let retrying = {
+        let (db, topic, calls) = (f.db.clone(), topic.clone(), calls.clone());
+        tokio::spawn(async move {
+            let handler = outbox_core::consumer::handler(move |envelope, txn| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Box::pin(apply(envelope, txn, "retry"))
+            });
+            if pulsar {
+                let consumer = PulsarConsumer::new(&common::pulsar::url(), &[&topic], options)
+                    .await
+                    .unwrap();
+                consumer.run(&db, handler, fired(rx)).await
+            } else {
+                let consumer =
+                    KafkaConsumer::new(&common::kafka::brokers(), &[&topic], options).unwrap();
+                consumer.run(&db, handler, fired(rx)).await
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tx.send(true).unwrap();
+    let consumed = retrying
+        .await
+        .unwrap()
+        .expect("a retrying loop stops cleanly at shutdown");
+    let calls = calls.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(
+        effects_of(&f, "retry").await,
+        vec![("o0".into(), 0)],
+        "o0's next event waits behind its poison"
+    );
+    assert_eq!(consumed.applied, 1, "{consumed:?}");
+    // Two seconds at 50-200 ms between tries: a few dozen calls at most; a tight loop makes
+    // thousands.
+    assert!((3..=40).contains(&calls), "{calls} handler calls in 2 s");
+}
+
+#[tokio::test]
+async fn kafka_poison_follows_the_policy() {
+    poison_follows_the_policy(false).await;
+}
+
+#[tokio::test]
+async fn pulsar_poison_follows_the_policy() {
+    poison_follows_the_policy(true).await;
 }
