@@ -82,6 +82,28 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
             "run",
             "--database-url",
             "postgres://db/shop",
+            "--sink",
+            "pulsar",
+        ],
+        "the pulsar sink needs a service URL",
+    );
+    usage_error(
+        &[
+            "run",
+            "--database-url",
+            "postgres://db/shop",
+            "--sink",
+            "pulsar",
+            "--pulsar-url",
+            "http://pulsar:8080",
+        ],
+        "must start with pulsar://",
+    );
+    usage_error(
+        &[
+            "run",
+            "--database-url",
+            "postgres://db/shop",
             "--kafka-option",
             "linger.ms",
         ],
