@@ -241,3 +241,47 @@ async fn relay_killed_mid_run_loses_nothing_and_keeps_order() {
         received.len() - total
     );
 }
+
+/// Why the relay lets the broker name its producers (`docs/design.md`, "Broker-side
+/// deduplication"): the `pulsar` crate numbers a producer's messages from 0 every time, so on a
+/// deduplicating broker a second producer with the first one's name has its messages dropped as
+/// replays, while the client reports them sent.
+#[tokio::test]
+async fn a_reused_producer_name_loses_messages_on_a_deduplicating_broker() {
+    use pulsar::{Pulsar, TokioExecutor};
+    let topic = topic(&format!("dedup-{}", Uuid::now_v7().simple()));
+    let name = format!("relay-{}", Uuid::now_v7().simple());
+    let client = Pulsar::builder(url(), TokioExecutor).build().await.unwrap();
+    for batch in [
+        ["first-0", "first-1", "first-2"].as_slice(),
+        ["second-0", "second-1"].as_slice(),
+    ] {
+        // A relay process: a producer named `name`, closed at exit.
+        let mut producer = client
+            .producer()
+            .with_topic(&topic)
+            .with_name(&name)
+            .build()
+            .await
+            .unwrap();
+        for value in batch {
+            let receipt = producer
+                .send_non_blocking(value.as_bytes().to_vec())
+                .await
+                .unwrap()
+                .await;
+            receipt.expect("the client reports every message as sent");
+        }
+        producer.close().await.unwrap();
+    }
+    let received = consume(&topic, 3, Duration::from_secs(30), Duration::from_secs(2)).await;
+    let values: Vec<String> = received
+        .iter()
+        .map(|m| String::from_utf8(m.payload.clone()).unwrap())
+        .collect();
+    assert_eq!(
+        values,
+        ["first-0", "first-1", "first-2"],
+        "the second producer's messages (sequence ids 0 and 1 again) were dropped as duplicates"
+    );
+}
