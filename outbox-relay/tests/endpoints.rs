@@ -113,3 +113,27 @@ async fn readyz_says_what_is_unreachable() {
     );
     assert_eq!(common::terminate(&mut no_database), Some(0));
 }
+
+#[tokio::test]
+async fn readyz_checks_the_pulsar_broker() {
+    let f = Fixture::new().await;
+    let port = free_port();
+    let mut relay = f.spawn_pulsar_relay(&["--http-addr", &format!("127.0.0.1:{port}")]);
+    assert_eq!(
+        http_get_when_up(port, "/readyz").await,
+        (200, "ready\n".into())
+    );
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let port = free_port();
+    let mut no_broker = common::relay_command()
+        .args(["run", "--database-url", &f.url])
+        .args(["--sink", "pulsar", "--pulsar-url", "pulsar://127.0.0.1:1"])
+        .args(["--http-addr", &format!("127.0.0.1:{port}")])
+        .spawn()
+        .unwrap();
+    let (status, body) = http_get_when_up(port, "/readyz").await;
+    assert_eq!(status, 503);
+    assert!(body.starts_with("not ready: pulsar:"), "{body}");
+    assert_eq!(common::terminate(&mut no_broker), Some(0));
+}

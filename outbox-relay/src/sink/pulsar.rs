@@ -16,9 +16,10 @@ use super::{HELD_BACK, Message, Sink, SinkError};
 use futures::future::BoxFuture;
 use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
 use pulsar::message::proto::ServerError;
-use pulsar::{Producer, ProducerOptions, Pulsar, TokioExecutor, producer};
+use pulsar::{ConnectionRetryOptions, Producer, ProducerOptions, Pulsar, TokioExecutor, producer};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 use tokio::sync::Mutex;
 
 /// The `[sink]` table for Pulsar.
@@ -133,7 +134,17 @@ impl PulsarSink {
 impl Connected {
     async fn client(&mut self, url: &str) -> Result<&Pulsar<TokioExecutor>, SinkError> {
         if self.client.is_none() {
+            // The crate's default retries a refused connection 12 times, backing off up to 30 s:
+            // minutes in which the relay could neither publish nor shut down. Fail fast instead;
+            // the relay retries the batch with its own backoff.
+            let retry = ConnectionRetryOptions {
+                max_retries: 3,
+                max_backoff: Duration::from_secs(1),
+                connection_timeout: Duration::from_secs(5),
+                ..ConnectionRetryOptions::default()
+            };
             let client = Pulsar::builder(url, TokioExecutor)
+                .with_connection_retry_options(retry)
                 .build()
                 .await
                 .map_err(|e| classify(&e))?;
