@@ -7,6 +7,7 @@
 mod drain;
 mod latency;
 mod limits;
+mod pulsar;
 mod record_cost;
 mod report;
 mod setup;
@@ -31,10 +32,13 @@ struct Args {
     /// Kafka to measure on.
     #[arg(long, env = "KAFKA_BROKERS")]
     kafka_brokers: String,
+    /// Pulsar to measure on (the `pulsar` part).
+    #[arg(long, env = "PULSAR_URL")]
+    pulsar_url: Option<String>,
     /// The outbox-relay binary whose CPU and memory are measured [default: beside this one].
     #[arg(long)]
     relay_bin: Option<PathBuf>,
-    /// Run only these parts (repeat): limits, drain, latency, record, resources.
+    /// Run only these parts (repeat): limits, drain, latency, record, resources, pulsar.
     #[arg(long, value_enum)]
     only: Vec<Part>,
 }
@@ -46,6 +50,7 @@ enum Part {
     Latency,
     Record,
     Resources,
+    Pulsar,
 }
 
 /// How much work each part does.
@@ -145,6 +150,22 @@ async fn main() {
         });
         report.resources =
             Some(drain::resources(&relay_bin, db, kafka, scale.events, AGGREGATES).await);
+    }
+
+    if run(Part::Pulsar) {
+        eprintln!("pulsar...");
+        let url = args
+            .pulsar_url
+            .as_deref()
+            .expect("the pulsar part needs --pulsar-url or PULSAR_URL (scripts/bench starts one)");
+        let batch = 500;
+        let raw = pulsar::raw_producer(url, scale.events, AGGREGATES, batch).await;
+        let relay = pulsar::drain(db, url, scale.events, AGGREGATES, batch).await;
+        report.pulsar = Some(report::PulsarRow {
+            batch,
+            raw_producer: raw,
+            relay,
+        });
     }
 
     println!("{}", report.markdown());

@@ -26,6 +26,13 @@ impl Row {
     }
 }
 
+/// The Pulsar part: the raw producer and the relay's Pulsar sink, same batch size.
+pub struct PulsarRow {
+    pub batch: usize,
+    pub raw_producer: f64,
+    pub relay: f64,
+}
+
 pub struct Report {
     smoke: bool,
     events: usize,
@@ -36,6 +43,7 @@ pub struct Report {
     latency: Vec<(Wakeup, Percentiles)>,
     pub record_cost: Vec<(String, f64)>,
     pub resources: Option<Resources>,
+    pub pulsar: Option<PulsarRow>,
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -82,6 +90,7 @@ impl Report {
             latency: Vec::new(),
             record_cost: Vec::new(),
             resources: None,
+            pulsar: None,
         }
     }
 
@@ -175,6 +184,21 @@ impl Report {
                 r.events_per_second, r.cpu_us_per_event, r.peak_rss_mib
             );
         }
+        if let Some(p) = &self.pulsar {
+            let _ = writeln!(out, "\n### Pulsar (1 replica, batch {}, mark)\n", p.batch);
+            let _ = writeln!(
+                out,
+                "| raw producer msgs/s | relay events/s | relay / raw producer |"
+            );
+            let _ = writeln!(out, "|---:|---:|---:|");
+            let _ = writeln!(
+                out,
+                "| {:.0} | {:.0} | {:.2} |",
+                p.raw_producer,
+                p.relay,
+                p.relay / p.raw_producer
+            );
+        }
         out
     }
 
@@ -207,6 +231,9 @@ impl Report {
             "drain": limits,
             "latency": latency,
             "record_cost_us": self.record_cost.iter().map(|(l, v)| json!({ "transaction": l, "mean_us": v })).collect::<Vec<_>>(),
+            "pulsar": self.pulsar.as_ref().map(|p| json!({
+                "batch": p.batch, "raw_producer": p.raw_producer, "relay": p.relay,
+            })),
             "relay_binary": self.resources.as_ref().map(|r| json!({
                 "events_per_second": r.events_per_second, "cpu_us_per_event": r.cpu_us_per_event, "peak_rss_mib": r.peak_rss_mib,
             })),

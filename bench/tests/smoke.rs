@@ -28,6 +28,7 @@ fn the_benchmark_harness_runs_end_to_end() {
         "Latency",
         "record()",
         "The relay binary",
+        "Pulsar",
     ] {
         assert!(
             table.contains(section),
@@ -44,4 +45,5 @@ fn the_benchmark_harness_runs_end_to_end() {
             > 0.0
     );
     assert!(results["relay_binary"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
+    assert!(results["pulsar"]["relay"].as_f64().unwrap() > 0.0);
 }
