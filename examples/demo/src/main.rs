@@ -1,11 +1,14 @@
 //! The outbox demo. An order service records each event in the same transaction as the order it
-//! describes; a failing request rolls both back; the relay publishes what committed; a consumer
-//! shows it arriving.
+//! describes; a failing request rolls both back; the relay publishes what committed; a billing
+//! service consumes it through its inbox, and a re-sent event is applied only once.
 //!
 //! - `outbox-demo`: PostgreSQL at `DATABASE_URL` and Kafka at `KAFKA_BROKERS` (`scripts/demo`
 //!   starts both on loopback).
 //! - `outbox-demo --sqlite`: an embedded SQLite database, and the relay prints to stdout.
 
+use outbox_core::consumer::kafka::KafkaConsumer;
+use outbox_core::consumer::{self, Consumed, ConsumerOptions};
+use outbox_core::sea_orm::DbBackend;
 use outbox_core::sea_orm::{
     ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, Statement, TransactionTrait,
 };
@@ -13,10 +16,6 @@ use outbox_core::{OutboxEvent, Uuid};
 use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
 use outbox_relay::sink::stdout::StdoutSink;
 use outbox_relay::{Relay, RelayConfig};
-use rdkafka::Message;
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Headers;
 use shop_events::{OrderPlaced, OrderShipped, PaymentCaptured};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -73,31 +72,55 @@ async fn main() -> Result<(), AnyError> {
     println!("\n{}", outbox_relay::status(&url).await?);
 
     println!("\n== 2. the relay publishes what committed");
-    let config = RelayConfig::new(url.clone());
-    let relay = match &brokers {
-        Some(brokers) => Relay::new(config, KafkaSink::new(&KafkaConfig::new(brokers.clone()))?),
-        None => Relay::new(config, StdoutSink),
-    };
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while outbox_relay::status(&url).await?.backlog > 0 {
-        if Instant::now() > deadline {
-            return Err("the relay did not drain the outbox within 60 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    shutdown.cancel();
-    running.await?;
+    relay_all(&url, brokers.as_deref()).await?;
     println!("{}", outbox_relay::status(&url).await?);
 
-    if let Some(brokers) = brokers {
-        println!("\n== 3. a consumer reads them from Kafka ({brokers})\n");
-        consume(&brokers, &recorded).await?;
+    let Some(brokers) = brokers else {
+        return Ok(());
+    };
+    println!(
+        "\n== 3. the billing service consumes them from Kafka ({brokers}), through its inbox\n"
+    );
+    db.execute_unprepared(
+        "CREATE TABLE IF NOT EXISTS billing_log (event_id uuid PRIMARY KEY, what text NOT NULL)",
+    )
+    .await?;
+    let name = format!("billing-{}", Uuid::now_v7().simple());
+    let deadline = Duration::from_secs(60);
+    let stop = processed(&db, &name, &recorded);
+    tokio::time::timeout(deadline, billing(&db, &brokers, &name, &recorded, stop))
+        .await
+        .map_err(|_| "the consumer did not apply every event within 60 s")??;
+    println!(
+        "  all {} events applied\n  (each topic keeps its aggregates' order; OrderShipped travels on shop.shipping,\n   so it need not follow OrderPlaced: route events that must stay ordered to one topic)",
+        recorded.len()
+    );
+
+    println!(
+        "\n== 4. the relay sends o-1's first event again (as after a crash before marking it)\n"
+    );
+    db.execute_unprepared(&format!(
+        "UPDATE outbox SET published_at = NULL WHERE id = '{}'",
+        recorded[0]
+    ))
+    .await?;
+    relay_all(&url, Some(&brokers)).await?;
+    // The consumer resumes after its committed offsets: the re-sent message is what is new.
+    let consumed = billing(
+        &db,
+        &brokers,
+        &name,
+        &recorded,
+        tokio::time::sleep(Duration::from_secs(3)),
+    )
+    .await?;
+    if consumed.duplicates != 1 {
+        return Err(format!(
+            "expected the re-sent event to be skipped as a duplicate, got {consumed:?}"
+        )
+        .into());
     }
+    println!("  1 duplicate skipped by the inbox: billing applied each event once");
     Ok(())
 }
 
@@ -139,45 +162,91 @@ async fn insert_order(txn: &DatabaseTransaction, o: &OrderPlaced) -> Result<(), 
     Ok(())
 }
 
-/// Reads the three topics until every event recorded above has arrived.
-async fn consume(brokers: &str, recorded: &[Uuid]) -> Result<(), AnyError> {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("outbox-demo-{}", Uuid::now_v7()))
-        .set("auto.offset.reset", "earliest")
-        .create()?;
-    consumer.subscribe(&[
+/// The billing service: a consumer loop that applies each event once, through the inbox.
+/// Runs until `stop` completes.
+/// Events of earlier demo runs on the same Kafka are consumed too, and passed over.
+async fn billing(
+    db: &DatabaseConnection,
+    brokers: &str,
+    name: &str,
+    ours: &[Uuid],
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Consumed, AnyError> {
+    let topics = [
         "outbox.event.order",
         "shop.shipping",
         "outbox.event.payment",
-    ])?;
-    let mut missing: Vec<String> = recorded.iter().map(Uuid::to_string).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !missing.is_empty() {
-        let message = tokio::time::timeout_at(deadline, consumer.recv())
-            .await
-            .map_err(|_| format!("{} events did not arrive within 30 s", missing.len()))??;
-        let header = |name: &str| {
-            message.headers().and_then(|h| {
-                h.iter()
-                    .find(|h| h.key == name)
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            })
-        };
-        let Some(id) = header("id") else { continue };
-        if let Some(i) = missing.iter().position(|m| *m == id) {
-            missing.remove(i);
-            println!(
-                "  {:<20} partition {} key={:<4} {:<16} {}",
-                message.topic(),
-                message.partition(),
-                String::from_utf8_lossy(message.key().unwrap_or_default()),
-                header("event_type").unwrap_or_default(),
-                String::from_utf8_lossy(message.payload().unwrap_or_default()),
+    ];
+    let consumer = KafkaConsumer::new(brokers, &topics, ConsumerOptions::new(name))?;
+    let handler = consumer::handler(|envelope, txn| {
+        let ours = ours.contains(&envelope.id);
+        Box::pin(async move {
+            if !ours {
+                return Ok(());
+            }
+            let what = format!(
+                "{} {}",
+                envelope.event_type,
+                String::from_utf8_lossy(&envelope.payload)
             );
+            txn.execute_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "INSERT INTO billing_log (event_id, what) VALUES ($1::text::uuid, $2)",
+                [envelope.id.to_string().into(), what.clone().into()],
+            ))
+            .await?;
+            println!("  applied  key={:<4} {what}", envelope.aggregate_id);
+            Ok(())
+        })
+    });
+    Ok(consumer.run(db, handler, stop).await?)
+}
+
+/// Waits until `consumer` has processed the `events`.
+async fn processed(db: &DatabaseConnection, consumer: &str, events: &[Uuid]) {
+    loop {
+        let row = db
+            .query_one_raw(Statement::from_sql_and_values(
+                DbBackend::Postgres,
+                "SELECT count(*) FROM processed_events WHERE consumer = $1 AND event_id::text = ANY($2)",
+                [
+                    consumer.into(),
+                    events.iter().map(Uuid::to_string).collect::<Vec<_>>().into(),
+                ],
+            ))
+            .await
+            .ok()
+            .flatten();
+        let done = row
+            .and_then(|r| r.try_get_by_index::<i64>(0).ok())
+            .unwrap_or(0);
+        if done as usize == events.len() {
+            return;
         }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    println!("\nevery committed event arrived; the rolled-back one never will.");
+}
+
+/// Runs the relay until the outbox is drained.
+async fn relay_all(url: &str, brokers: Option<&str>) -> Result<(), AnyError> {
+    let config = RelayConfig::new(url);
+    let relay = match brokers {
+        Some(brokers) => Relay::new(config, KafkaSink::new(&KafkaConfig::new(brokers))?),
+        None => Relay::new(config, StdoutSink),
+    };
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while outbox_relay::status(url).await?.backlog > 0 {
+        if Instant::now() > deadline {
+            return Err("the relay did not drain the outbox within 60 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    running.await?;
     Ok(())
 }
