@@ -18,6 +18,7 @@ use outbox_relay::sink::stdout::StdoutSink;
 use outbox_relay::{Relay, RelayConfig};
 use shop_events::{OrderPlaced, OrderShipped, PaymentCaptured};
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 type AnyError = Box<dyn std::error::Error>;
@@ -87,7 +88,7 @@ async fn main() -> Result<(), AnyError> {
     .await?;
     let name = format!("billing-{}", Uuid::now_v7().simple());
     let deadline = Duration::from_secs(60);
-    let stop = processed(&db, &name, &recorded);
+    let stop = |_| processed(&db, &name, &recorded);
     tokio::time::timeout(deadline, billing(&db, &brokers, &name, &recorded, stop))
         .await
         .map_err(|_| "the consumer did not apply every event within 60 s")??;
@@ -106,14 +107,12 @@ async fn main() -> Result<(), AnyError> {
     .await?;
     relay_all(&url, Some(&brokers)).await?;
     // The consumer resumes after its committed offsets: the re-sent message is what is new.
-    let consumed = billing(
-        &db,
-        &brokers,
-        &name,
-        &recorded,
-        tokio::time::sleep(Duration::from_secs(3)),
-    )
-    .await?;
+    let stop = |mut progress: watch::Receiver<Consumed>| async move {
+        let _ = progress.wait_for(|c| c.duplicates > 0).await;
+    };
+    let consumed = tokio::time::timeout(deadline, billing(&db, &brokers, &name, &recorded, stop))
+        .await
+        .map_err(|_| "the re-sent event did not arrive within 60 s")??;
     if consumed.duplicates != 1 {
         return Err(format!(
             "expected the re-sent event to be skipped as a duplicate, got {consumed:?}"
@@ -163,15 +162,18 @@ async fn insert_order(txn: &DatabaseTransaction, o: &OrderPlaced) -> Result<(), 
 }
 
 /// The billing service: a consumer loop that applies each event once, through the inbox.
-/// Runs until `stop` completes.
+/// Runs until `stop`, given the loop's progress, completes.
 /// Events of earlier demo runs on the same Kafka are consumed too, and passed over.
-async fn billing(
+async fn billing<F>(
     db: &DatabaseConnection,
     brokers: &str,
     name: &str,
     ours: &[Uuid],
-    stop: impl std::future::Future<Output = ()>,
-) -> Result<Consumed, AnyError> {
+    stop: impl FnOnce(watch::Receiver<Consumed>) -> F,
+) -> Result<Consumed, AnyError>
+where
+    F: std::future::Future<Output = ()>,
+{
     let topics = [
         "outbox.event.order",
         "shop.shipping",
@@ -199,6 +201,7 @@ async fn billing(
             Ok(())
         })
     });
+    let stop = stop(consumer.progress());
     Ok(consumer.run(db, handler, stop).await?)
 }
 

@@ -17,6 +17,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use sea_orm::{DatabaseConnection, DatabaseTransaction};
 use std::future::Future;
 use std::time::Duration;
+use tokio::sync::watch;
 
 impl Envelope {
     /// The envelope of a message received from Kafka.
@@ -54,6 +55,7 @@ pub struct KafkaConsumer {
     /// For dead letters; created with the consumer, connects on first use.
     producer: FutureProducer,
     options: ConsumerOptions,
+    progress: watch::Sender<Consumed>,
 }
 
 impl std::fmt::Debug for KafkaConsumer {
@@ -105,7 +107,14 @@ impl KafkaConsumer {
             consumer,
             producer,
             options,
+            progress: watch::Sender::new(Consumed::default()),
         })
+    }
+
+    /// What the loop has done so far, updated after each message is committed: for status
+    /// displays, or to wait for a number of events.
+    pub fn progress(&self) -> watch::Receiver<Consumed> {
+        self.progress.subscribe()
     }
 
     /// Runs until `shutdown` completes (finishing the message in hand, then committing the
@@ -163,6 +172,7 @@ impl KafkaConsumer {
             if let Err(e) = self.consumer.store_offset_from_message(&message) {
                 tracing::warn!(%position, error = %e, "could not store the offset; the message may be redelivered");
             }
+            self.progress.send_replace(processor.consumed);
         };
         self.commit();
         outcome.map(|()| processor.consumed)

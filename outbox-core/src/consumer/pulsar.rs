@@ -15,6 +15,7 @@ use pulsar::{Consumer, Producer, Pulsar, TokioExecutor, producer};
 use sea_orm::{DatabaseConnection, DatabaseTransaction};
 use std::collections::HashMap;
 use std::future::Future;
+use tokio::sync::watch;
 
 impl Envelope {
     /// The envelope of a message received from Pulsar: the partition key is the aggregate id,
@@ -58,6 +59,7 @@ pub struct PulsarConsumer {
     /// Dead-letter producers, by topic, created on first use.
     dead_letters: HashMap<String, Producer<TokioExecutor>>,
     options: ConsumerOptions,
+    progress: watch::Sender<Consumed>,
 }
 
 impl std::fmt::Debug for PulsarConsumer {
@@ -105,7 +107,14 @@ impl PulsarConsumer {
             consumer,
             dead_letters: HashMap::new(),
             options,
+            progress: watch::Sender::new(Consumed::default()),
         })
+    }
+
+    /// What the loop has done so far, updated after each message is acked: for status displays,
+    /// or to wait for a number of events.
+    pub fn progress(&self) -> watch::Receiver<Consumed> {
+        self.progress.subscribe()
     }
 
     /// Runs until `shutdown` completes (finishing the message in hand, then closing the
@@ -166,6 +175,7 @@ impl PulsarConsumer {
             if let Err(e) = self.consumer.ack(&message).await {
                 tracing::warn!(%position, error = %e, "ack failed; the message will be redelivered");
             }
+            self.progress.send_replace(processor.consumed);
         };
         if let Err(e) = self.consumer.close().await {
             tracing::warn!(error = %e, "closing the pulsar consumer");
