@@ -125,8 +125,7 @@ async fn apply_before_crash(f: &Fixture, consumer: &str, ids: &[Uuid]) {
     }
 }
 
-/// A shutdown signal for consumer loops, fired once `effects` holds `count` rows and then
-/// nothing happened for a second (so trailing duplicates are read too).
+/// A shutdown signal for consumer loops, fired once `effects` holds `count` rows.
 fn stop_when_applied(
     f: &Fixture,
     count: i64,
@@ -146,7 +145,6 @@ fn stop_when_applied(
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_secs(1)).await;
         tx.send(true).unwrap();
     });
     (rx, waiter)
@@ -154,6 +152,18 @@ fn stop_when_applied(
 
 async fn fired(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Until `rx` fires, or the loop's progress is `enough`.
+async fn stop_on(
+    rx: watch::Receiver<bool>,
+    mut progress: watch::Receiver<Consumed>,
+    enough: fn(&Consumed) -> bool,
+) {
+    tokio::select! {
+        () = fired(rx) => {}
+        _ = progress.wait_for(enough) => {}
+    }
 }
 
 /// Every event applied once, and each aggregate's events in recording order.
@@ -194,16 +204,18 @@ async fn kafka_consumer(
     topic: &str,
     options: ConsumerOptions,
     rx: watch::Receiver<bool>,
+    enough: fn(&Consumed) -> bool,
     instance: &'static str,
 ) -> Result<Consumed, ConsumerError> {
     let consumer = KafkaConsumer::new(&common::kafka::brokers(), &[topic], options).unwrap();
+    let stop = stop_on(rx, consumer.progress(), enough);
     consumer
         .run(
             db,
             |envelope: &Envelope, txn: &DatabaseTransaction| {
                 Box::pin(apply(envelope, txn, instance))
             },
-            fired(rx),
+            stop,
         )
         .await
 }
@@ -213,18 +225,20 @@ async fn pulsar_consumer(
     topic: &str,
     options: ConsumerOptions,
     rx: watch::Receiver<bool>,
+    enough: fn(&Consumed) -> bool,
     instance: &'static str,
 ) -> Result<Consumed, ConsumerError> {
     let consumer = PulsarConsumer::new(&common::pulsar::url(), &[topic], options)
         .await
         .unwrap();
+    let stop = stop_on(rx, consumer.progress(), enough);
     consumer
         .run(
             db,
             |envelope: &Envelope, txn: &DatabaseTransaction| {
                 Box::pin(apply(envelope, txn, instance))
             },
-            fired(rx),
+            stop,
         )
         .await
 }
@@ -244,21 +258,16 @@ async fn redelivered_events_are_applied_once(pulsar: bool) {
     let crashed = &ids[..15];
     apply_before_crash(&f, options.name(), crashed).await;
 
-    let (rx, waiter) = stop_when_applied(&f, ids.len() as i64);
+    // Stop once all 60 messages (50 events, 10 of them twice) went through the loop.
+    let (_never_sent, never) = watch::channel(false);
+    let all_read: fn(&Consumed) -> bool = |c| c.applied + c.duplicates >= 60;
     let consumed = if pulsar {
-        pulsar_consumer(
-            &f.db,
-            &common::pulsar::topic(&f.topic("order")),
-            options,
-            rx,
-            "one",
-        )
-        .await
+        let topic = common::pulsar::topic(&f.topic("order"));
+        pulsar_consumer(&f.db, &topic, options, never, all_read, "one").await
     } else {
-        kafka_consumer(&f.db, &f.topic("order"), options, rx, "one").await
+        kafka_consumer(&f.db, &f.topic("order"), options, never, all_read, "one").await
     }
     .unwrap();
-    waiter.await.unwrap();
 
     assert_applied_once_in_order(&f, ids.len()).await;
     assert_eq!(consumed.applied, (ids.len() - crashed.len()) as u64);
@@ -274,6 +283,58 @@ async fn kafka_redelivered_events_are_applied_once() {
 #[tokio::test]
 async fn pulsar_redelivered_events_are_applied_once() {
     redelivered_events_are_applied_once(true).await;
+}
+
+/// Waits until `members` consumers of `group` (Kafka group, or Pulsar subscription of `topic`)
+/// are connected, as the broker sees them.
+async fn wait_until_joined(pulsar: bool, topic: &str, group: &str, members: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let joined = if pulsar {
+            let admin =
+                std::env::var("PULSAR_ADMIN_URL").expect("PULSAR_ADMIN_URL (scripts/test sets it)");
+            let port: u16 = admin.rsplit(':').next().unwrap().parse().unwrap();
+            let path = format!("/admin/v2/{}/stats", topic.replace("://", "/"));
+            common::http_get(port, &path)
+                .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
+                .and_then(|stats| {
+                    stats["subscriptions"][group]["consumers"]
+                        .as_array()
+                        .map(Vec::len)
+                })
+                .unwrap_or(0)
+        } else {
+            let brokers = common::kafka::brokers();
+            let group = group.to_owned();
+            tokio::task::spawn_blocking(move || {
+                use rdkafka::consumer::{BaseConsumer, Consumer};
+                let probe: BaseConsumer = rdkafka::ClientConfig::new()
+                    .set("bootstrap.servers", brokers)
+                    .create()
+                    .unwrap();
+                probe
+                    .fetch_group_list(Some(&group), Duration::from_secs(5))
+                    .ok()
+                    .and_then(|list| {
+                        list.groups()
+                            .first()
+                            .filter(|g| g.state() == "Stable")
+                            .map(|g| g.members().len())
+                    })
+                    .unwrap_or(0)
+            })
+            .await
+            .unwrap()
+        };
+        if joined >= members {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{joined} of {members} consumers joined {group}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Two instances of one consumer (one group, one Key_Shared subscription) share the events:
@@ -308,15 +369,15 @@ async fn two_instances_apply_each_event_once_in_order(pulsar: bool) {
                 (f.db.clone(), topic.clone(), options.clone(), rx.clone());
             tokio::spawn(async move {
                 if pulsar {
-                    pulsar_consumer(&db, &topic, options, rx, instance).await
+                    pulsar_consumer(&db, &topic, options, rx, |_| false, instance).await
                 } else {
-                    kafka_consumer(&db, &topic, options, rx, instance).await
+                    kafka_consumer(&db, &topic, options, rx, |_| false, instance).await
                 }
             })
         })
         .collect();
     // Both instances join before the rest is published, so both get a share.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_until_joined(pulsar, &topic, options.name(), 2).await;
     record_orders(&f, 20, 25).await;
     relay_all(&f, pulsar).await;
     let mut consumed = Vec::new();
@@ -484,9 +545,9 @@ async fn poison_follows_the_policy(pulsar: bool) {
             let (db, topic) = (f.db.clone(), topic.clone());
             async move {
                 if pulsar {
-                    pulsar_consumer(&db, &topic, options, rx, instance).await
+                    pulsar_consumer(&db, &topic, options, rx, |_| false, instance).await
                 } else {
-                    kafka_consumer(&db, &topic, options, rx, instance).await
+                    kafka_consumer(&db, &topic, options, rx, |_| false, instance).await
                 }
             }
         };
