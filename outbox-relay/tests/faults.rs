@@ -1,6 +1,7 @@
-//! Faults on real PostgreSQL and Kafka, loopback only, each bounded in time: the broker stops
-//! answering for 30 s, PostgreSQL restarts, the relay is killed again and again. Every test checks
-//! what a consumer received from Kafka: nothing lost, each aggregate's first deliveries in order.
+//! Faults on real PostgreSQL, Kafka and Pulsar, loopback only, each bounded in time: a broker stops
+//! answering (Kafka 30 s, Pulsar 20 s), PostgreSQL restarts, the relay is killed again and again.
+//! Every test checks what a consumer received: nothing lost, each aggregate's first deliveries in
+//! order.
 //!
 //! The faults hit the shared services, so the tests of this file run one at a time.
 
@@ -91,12 +92,19 @@ impl Writer {
 
 /// Every reading 0..total arrived, and each meter's first deliveries are in order.
 fn assert_complete_and_ordered(received: &[Received], total: u64) {
+    let readings = received
+        .iter()
+        .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap()));
+    assert_readings_complete_and_ordered(readings, total);
+}
+
+/// The same, for (meter, n) pairs in arrival order.
+fn assert_readings_complete_and_ordered(readings: impl Iterator<Item = (String, u64)>, total: u64) {
     let mut firsts: HashMap<String, Vec<u64>> = HashMap::new();
     let mut seen = HashSet::new();
-    for m in received {
-        let n = m.json()["n"].as_u64().unwrap();
+    for (meter, n) in readings {
         if seen.insert(n) {
-            firsts.entry(m.key.clone()).or_default().push(n);
+            firsts.entry(meter).or_default().push(n);
         }
     }
     let missing: Vec<u64> = (0..total).filter(|n| !seen.contains(n)).collect();
@@ -184,6 +192,51 @@ async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
     )
     .await;
     assert_complete_and_ordered(&received, total);
+}
+
+#[tokio::test]
+async fn pulsar_stops_for_20_seconds_and_nothing_is_lost() {
+    let _one = ONE_FAULT_AT_A_TIME.lock().await;
+    let f = Fixture::new().await;
+    let mut relay = f.spawn_pulsar_relay(&[]);
+    let writer = Writer::start(&f, Duration::from_millis(5));
+    f.wait_until_zero(
+        "SELECT CASE WHEN count(*) >= 200 THEN 0 ELSE 1 END::bigint FROM outbox WHERE published_at IS NOT NULL",
+        Duration::from_secs(60),
+    )
+    .await;
+
+    services("pause-pulsar");
+    let before = f.backlog().await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let during = f.backlog().await;
+    assert!(
+        relay.try_wait().unwrap().is_none(),
+        "the relay exited while the broker was away"
+    );
+    services("resume-pulsar");
+    eprintln!("pulsar paused for 20 s; backlog {before} -> {during}");
+    assert!(
+        during > before + 100,
+        "the backlog did not rise: {before} -> {during}"
+    );
+
+    let total = writer.finish().await;
+    f.wait_until_drained(Duration::from_secs(120)).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let received = common::pulsar::consume(
+        &common::pulsar::topic(&f.topic("meter")),
+        total as usize,
+        Duration::from_secs(120),
+        Duration::from_secs(3),
+    )
+    .await;
+    let readings = received.iter().map(|m| {
+        let payload: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+        (m.key.clone(), payload["n"].as_u64().unwrap())
+    });
+    assert_readings_complete_and_ordered(readings, total);
 }
 
 #[tokio::test]
