@@ -323,3 +323,24 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
     eprintln!("{} deliveries for {TOTAL} events", received.len());
     assert_complete_and_ordered(&received, TOTAL);
 }
+
+/// The stuck producer a broker stall left behind once (every send timing out while fresh
+/// producers delivered) cannot be staged on demand; what can be checked is the remedy: after
+/// `STUCK_AFTER` batches with nothing delivered, the sink works with a new producer.
+#[tokio::test]
+async fn a_producer_that_delivers_nothing_is_replaced() {
+    use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink, STUCK_AFTER};
+    use outbox_relay::sink::{Message, Sink};
+    let mut config = KafkaConfig::new("127.0.0.1:1"); // nothing listens there
+    config
+        .options
+        .insert("message.timeout.ms".into(), "300".into());
+    let sink = KafkaSink::new(&config).unwrap();
+    let first = sink.producer();
+    let batch = [Message::example()];
+    for n in 1..=STUCK_AFTER {
+        assert!(sink.publish(&batch).await[0].is_err());
+        let replaced = !std::sync::Arc::ptr_eq(&first, &sink.producer());
+        assert_eq!(replaced, n == STUCK_AFTER, "after {n} failed batches");
+    }
+}

@@ -11,6 +11,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// The `[sink]` table for Kafka.
@@ -70,9 +72,19 @@ impl KafkaConfig {
 }
 
 /// Publishes to Kafka: key = aggregate id, value = payload, headers as in [`Message`].
+///
+/// A producer can get stuck: after a broker stall, an idempotent librdkafka producer has been seen
+/// timing out every message while new producers on the same broker deliver at once, and a fatal
+/// idempotence error leaves it unusable for good. So after [`STUCK_AFTER`] batches in a row in
+/// which nothing was delivered, or on a fatal error, the sink replaces its producer.
 pub struct KafkaSink {
-    producer: FutureProducer,
+    client: ClientConfig,
+    producer: RwLock<Arc<FutureProducer>>,
+    failed_batches: AtomicU32,
 }
+
+/// Whole batches failing in a row before the producer is replaced.
+pub const STUCK_AFTER: u32 = 2;
 
 impl std::fmt::Debug for KafkaSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -87,15 +99,48 @@ impl KafkaSink {
         for (key, value) in config.producer_settings() {
             client.set(key, value);
         }
-        let producer = client
-            .create()
-            .map_err(|e| SinkError::new(format!("kafka producer configuration: {e}")))?;
-        Ok(KafkaSink { producer })
+        let producer = create(&client)?;
+        Ok(KafkaSink {
+            client,
+            producer: RwLock::new(Arc::new(producer)),
+            failed_batches: AtomicU32::new(0),
+        })
     }
 
-    /// The underlying producer, for metrics or a flush at exit.
-    pub fn producer(&self) -> &FutureProducer {
-        &self.producer
+    /// The current producer, for metrics or a flush at exit.
+    pub fn producer(&self) -> Arc<FutureProducer> {
+        self.producer.read().expect("producer lock").clone()
+    }
+
+    /// Counts a batch in which nothing was delivered (or resets the count), and replaces the
+    /// producer once it looks stuck.
+    fn after_batch(&self, producer: &FutureProducer, results: &[Result<(), SinkError>]) {
+        use rdkafka::producer::Producer;
+        // Permanent failures say something about the messages, not the producer.
+        let nothing_delivered =
+            !results.is_empty() && results.iter().all(|r| matches!(r, Err(e) if !e.permanent));
+        let failed = if nothing_delivered {
+            self.failed_batches.fetch_add(1, Ordering::Relaxed) + 1
+        } else {
+            self.failed_batches.store(0, Ordering::Relaxed);
+            0
+        };
+        let fatal = producer.client().fatal_error();
+        if failed < STUCK_AFTER && fatal.is_none() {
+            return;
+        }
+        let fresh = match create(&self.client) {
+            Ok(fresh) => fresh,
+            Err(e) => return tracing::warn!(error = %e, "could not create a new kafka producer"),
+        };
+        tracing::warn!(failed_batches = failed, fatal = ?fatal, "replacing the kafka producer");
+        let old = std::mem::replace(
+            &mut *self.producer.write().expect("producer lock"),
+            Arc::new(fresh),
+        );
+        self.failed_batches.store(0, Ordering::Relaxed);
+        // Dropping a producer purges and flushes it, which may block briefly.
+        tokio::task::spawn_blocking(move || drop(old));
     }
 }
 
@@ -111,6 +156,7 @@ impl Sink for KafkaSink {
 
     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
         Box::pin(async move {
+            let producer = self.producer();
             // Enqueue the whole batch first, then await the acks: one round of broker latency per
             // batch, not per message. Enqueue order is delivery order within a partition.
             // A message refused at enqueue (too large, say) stops its key's later messages, so
@@ -122,7 +168,7 @@ impl Sink for KafkaSink {
                     pending.push(Err(SinkError::new(HELD_BACK)));
                     continue;
                 }
-                let delivery = self.enqueue(message).await;
+                let delivery = enqueue(&producer, message).await;
                 if delivery.is_err() {
                     refused_keys.insert(message.key.as_str());
                 }
@@ -139,6 +185,7 @@ impl Sink for KafkaSink {
                     Err(e) => Err(e),
                 });
             }
+            self.after_batch(&producer, &results);
             results
         })
     }
@@ -148,40 +195,48 @@ impl KafkaSink {
     /// Fetches the cluster's metadata: the broker answers.
     fn fetch_metadata(&self) -> Result<(), SinkError> {
         use rdkafka::producer::Producer;
-        self.producer
+        self.producer()
             .client()
             .fetch_metadata(None, Duration::from_secs(3))
             .map(drop)
             .map_err(|e| SinkError::new(format!("broker unreachable: {e}")))
     }
+}
 
-    async fn enqueue(
-        &self,
-        message: &Message,
-    ) -> Result<rdkafka::producer::DeliveryFuture, SinkError> {
-        let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
-        for (key, value) in &message.headers {
-            headers = headers.insert(Header {
-                key,
-                value: Some(value.as_bytes()),
-            });
-        }
-        let mut record = FutureRecord::to(&message.topic)
-            .key(message.key.as_bytes())
-            .payload(&message.payload)
-            .headers(headers);
-        loop {
-            match self.producer.send_result(record) {
-                Ok(delivery) => return Ok(delivery),
-                // The local queue is full: let deliveries drain, then enqueue again.
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
-                    record = returned;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-                Err((e, _)) => return Err(classify(&e)),
+/// Hands `message` to the producer, waiting while its local queue is full.
+async fn enqueue(
+    producer: &FutureProducer,
+    message: &Message,
+) -> Result<rdkafka::producer::DeliveryFuture, SinkError> {
+    let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
+    for (key, value) in &message.headers {
+        headers = headers.insert(Header {
+            key,
+            value: Some(value.as_bytes()),
+        });
+    }
+    let mut record = FutureRecord::to(&message.topic)
+        .key(message.key.as_bytes())
+        .payload(&message.payload)
+        .headers(headers);
+    loop {
+        match producer.send_result(record) {
+            Ok(delivery) => return Ok(delivery),
+            // The local queue is full: let deliveries drain, then enqueue again.
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), returned)) => {
+                record = returned;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
+            Err((e, _)) => return Err(classify(&e)),
         }
     }
+}
+
+/// A producer with the sink's settings.
+fn create(client: &ClientConfig) -> Result<FutureProducer, SinkError> {
+    client
+        .create()
+        .map_err(|e| SinkError::new(format!("kafka producer configuration: {e}")))
 }
 
 /// Errors no retry can fix: the message, its topic or the relay's rights must change first.
