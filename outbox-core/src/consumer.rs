@@ -332,6 +332,31 @@ where
     }
 }
 
+/// Publishes a dead letter with `send` until the broker takes it, backing off between tries;
+/// false if `shutdown` came first. The message is committed only after this.
+async fn dead_letter<F, E>(
+    options: &ConsumerOptions,
+    topic: &str,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+    mut send: impl FnMut() -> F,
+) -> bool
+where
+    F: Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    let mut backoff = options.first_backoff;
+    loop {
+        match send().await {
+            Ok(()) => return true,
+            Err(e) => tracing::warn!(%topic, error = %e, "dead-letter publish failed; retrying"),
+        }
+        if sleep_or_shutdown(backoff, shutdown).await {
+            return false;
+        }
+        backoff = (backoff * 2).min(options.max_backoff);
+    }
+}
+
 /// Sleeps for `duration`; true if `shutdown` came first.
 async fn sleep_or_shutdown(
     duration: Duration,

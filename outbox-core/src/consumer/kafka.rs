@@ -158,10 +158,8 @@ impl KafkaConsumer {
             match processor.process(envelope, &position, &mut shutdown).await {
                 Verdict::Done => {}
                 Verdict::DeadLetter { topic, reason } => {
-                    if !self
-                        .dead_letter(&message, &topic, &reason, &mut shutdown)
-                        .await
-                    {
+                    let send = || self.send(dead_letter_record(&message, &topic, &reason));
+                    if !super::dead_letter(&self.options, &topic, &mut shutdown, send).await {
                         break Ok(());
                     }
                     processor.consumed.dead_lettered += 1;
@@ -188,48 +186,42 @@ impl KafkaConsumer {
         }
     }
 
-    /// Publishes `message` to `topic` with the reason, retrying until the broker acks it; false
-    /// if shutdown came first.
-    async fn dead_letter(
-        &self,
-        message: &BorrowedMessage<'_>,
-        topic: &str,
-        reason: &str,
-        shutdown: &mut (impl Future<Output = ()> + Unpin),
-    ) -> bool {
-        let mut headers = OwnedHeaders::new();
-        if let Some(original) = message.headers() {
-            for header in original.iter() {
-                headers = headers.insert(header);
-            }
+    /// Sends one record and waits for the broker's ack.
+    async fn send(&self, record: FutureRecord<'_, [u8], [u8]>) -> Result<(), KafkaError> {
+        self.producer
+            .send(record, Duration::from_secs(30))
+            .await
+            .map(drop)
+            .map_err(|(e, _)| e)
+    }
+}
+
+/// `message` unchanged for the dead-letter `topic`, with the reason and its source in headers.
+fn dead_letter_record<'a>(
+    message: &'a BorrowedMessage<'_>,
+    topic: &'a str,
+    reason: &str,
+) -> FutureRecord<'a, [u8], [u8]> {
+    let mut headers = OwnedHeaders::new();
+    if let Some(original) = message.headers() {
+        for header in original.iter() {
+            headers = headers.insert(header);
         }
-        let headers = headers
-            .insert(Header {
-                key: "outbox_error",
-                value: Some(reason),
-            })
-            .insert(Header {
-                key: "outbox_source_topic",
-                value: Some(message.topic()),
-            });
-        let mut backoff = self.options.first_backoff;
-        loop {
-            let mut record = FutureRecord::to(topic)
-                .payload(message.payload().unwrap_or_default())
-                .headers(headers.clone());
-            if let Some(key) = message.key() {
-                record = record.key(key);
-            }
-            match self.producer.send(record, Duration::from_secs(30)).await {
-                Ok(_) => return true,
-                Err((e, _)) => {
-                    tracing::warn!(%topic, error = %e, "dead-letter publish failed; retrying")
-                }
-            }
-            if super::sleep_or_shutdown(backoff, shutdown).await {
-                return false;
-            }
-            backoff = (backoff * 2).min(self.options.max_backoff);
-        }
+    }
+    let headers = headers
+        .insert(Header {
+            key: "outbox_error",
+            value: Some(reason),
+        })
+        .insert(Header {
+            key: "outbox_source_topic",
+            value: Some(message.topic()),
+        });
+    let record = FutureRecord::to(topic)
+        .payload(message.payload().unwrap_or_default())
+        .headers(headers);
+    match message.key() {
+        Some(key) => record.key(key),
+        None => record,
     }
 }

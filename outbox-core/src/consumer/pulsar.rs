@@ -57,7 +57,7 @@ pub struct PulsarConsumer {
     client: Pulsar<TokioExecutor>,
     consumer: Consumer<Vec<u8>, TokioExecutor>,
     /// Dead-letter producers, by topic, created on first use.
-    dead_letters: HashMap<String, Producer<TokioExecutor>>,
+    dead_letters: tokio::sync::Mutex<HashMap<String, Producer<TokioExecutor>>>,
     options: ConsumerOptions,
     progress: watch::Sender<Consumed>,
 }
@@ -105,7 +105,7 @@ impl PulsarConsumer {
         Ok(PulsarConsumer {
             client,
             consumer,
-            dead_letters: HashMap::new(),
+            dead_letters: Default::default(),
             options,
             progress: watch::Sender::new(Consumed::default()),
         })
@@ -132,8 +132,7 @@ impl PulsarConsumer {
         ) -> BoxFuture<'t, Result<(), HandlerError>>,
     {
         let mut shutdown = std::pin::pin!(shutdown);
-        let options = self.options.clone();
-        let mut processor = Processor::new(db, &options, handler);
+        let mut processor = Processor::new(db, &self.options, handler);
         let outcome = loop {
             let received = tokio::select! {
                 biased;
@@ -161,10 +160,8 @@ impl PulsarConsumer {
             match processor.process(envelope, &position, &mut shutdown).await {
                 Verdict::Done => {}
                 Verdict::DeadLetter { topic, reason } => {
-                    if !self
-                        .dead_letter(&message, &topic, &reason, &mut shutdown)
-                        .await
-                    {
+                    let send = || self.send_dead_letter(&message, &topic, &reason);
+                    if !super::dead_letter(&self.options, &topic, &mut shutdown, send).await {
                         break Ok(());
                     }
                     processor.consumed.dead_lettered += 1;
@@ -183,41 +180,20 @@ impl PulsarConsumer {
         outcome.map(|()| processor.consumed)
     }
 
-    /// Publishes `message` to `topic` with the reason, retrying until the broker's receipt; false
-    /// if shutdown came first.
-    async fn dead_letter(
-        &mut self,
-        message: &Message<Vec<u8>>,
-        topic: &str,
-        reason: &str,
-        shutdown: &mut (impl Future<Output = ()> + Unpin),
-    ) -> bool {
-        let mut backoff = self.options.first_backoff;
-        loop {
-            match self.send_dead_letter(message, topic, reason).await {
-                Ok(()) => return true,
-                Err(e) => {
-                    tracing::warn!(%topic, error = %e, "dead-letter publish failed; retrying")
-                }
-            }
-            if super::sleep_or_shutdown(backoff, shutdown).await {
-                return false;
-            }
-            backoff = (backoff * 2).min(self.options.max_backoff);
-        }
-    }
-
+    /// Publishes `message` unchanged to the dead-letter `topic`, with the reason and its source
+    /// in properties, and waits for the broker's receipt.
     async fn send_dead_letter(
-        &mut self,
+        &self,
         message: &Message<Vec<u8>>,
         topic: &str,
         reason: &str,
     ) -> Result<(), pulsar::Error> {
-        if !self.dead_letters.contains_key(topic) {
+        let mut dead_letters = self.dead_letters.lock().await;
+        if !dead_letters.contains_key(topic) {
             let producer = self.client.producer().with_topic(topic).build().await?;
-            self.dead_letters.insert(topic.to_owned(), producer);
+            dead_letters.insert(topic.to_owned(), producer);
         }
-        let producer = self.dead_letters.get_mut(topic).expect("just inserted");
+        let producer = dead_letters.get_mut(topic).expect("just inserted");
         let metadata = message.metadata();
         let mut properties: HashMap<String, String> = metadata
             .properties
