@@ -8,7 +8,9 @@ mod common;
 use common::Fixture;
 use outbox_core::consumer::kafka::KafkaConsumer;
 use outbox_core::consumer::pulsar::PulsarConsumer;
-use outbox_core::consumer::{Consumed, ConsumerError, ConsumerOptions, HandlerError, PoisonPolicy};
+use outbox_core::consumer::{
+    BoxFuture, Consumed, ConsumerError, ConsumerOptions, HandlerError, PoisonPolicy,
+};
 use outbox_core::inbox::Inbox;
 use outbox_core::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, Statement,
@@ -199,48 +201,40 @@ fn options(prefix: &str) -> ConsumerOptions {
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
 }
 
-async fn kafka_consumer(
-    db: &DatabaseConnection,
-    topic: &str,
-    options: ConsumerOptions,
-    rx: watch::Receiver<bool>,
-    enough: fn(&Consumed) -> bool,
+/// The handler of most tests: [`apply`] as `instance`.
+fn applying(
     instance: &'static str,
-) -> Result<Consumed, ConsumerError> {
-    let consumer = KafkaConsumer::new(&common::kafka::brokers(), &[topic], options).unwrap();
-    let stop = stop_on(rx, consumer.progress(), enough);
-    consumer
-        .run(
-            db,
-            |envelope: &Envelope, txn: &DatabaseTransaction| {
-                Box::pin(apply(envelope, txn, instance))
-            },
-            stop,
-        )
-        .await
+) -> impl for<'t> Fn(&'t Envelope, &'t DatabaseTransaction) -> BoxFuture<'t, Result<(), HandlerError>>
++ Send
++ 'static {
+    outbox_core::consumer::handler(move |envelope, txn| Box::pin(apply(envelope, txn, instance)))
 }
 
-async fn pulsar_consumer(
+/// Runs a Kafka or a Pulsar consumer loop on `topic` until `rx` fires or its progress is
+/// `enough`.
+async fn consume<H>(
+    pulsar: bool,
     db: &DatabaseConnection,
     topic: &str,
     options: ConsumerOptions,
     rx: watch::Receiver<bool>,
     enough: fn(&Consumed) -> bool,
-    instance: &'static str,
-) -> Result<Consumed, ConsumerError> {
-    let consumer = PulsarConsumer::new(&common::pulsar::url(), &[topic], options)
-        .await
-        .unwrap();
-    let stop = stop_on(rx, consumer.progress(), enough);
-    consumer
-        .run(
-            db,
-            |envelope: &Envelope, txn: &DatabaseTransaction| {
-                Box::pin(apply(envelope, txn, instance))
-            },
-            stop,
-        )
-        .await
+    handler: H,
+) -> Result<Consumed, ConsumerError>
+where
+    H: for<'t> Fn(&'t Envelope, &'t DatabaseTransaction) -> BoxFuture<'t, Result<(), HandlerError>>,
+{
+    if pulsar {
+        let consumer = PulsarConsumer::new(&common::pulsar::url(), &[topic], options)
+            .await
+            .unwrap();
+        let stop = stop_on(rx, consumer.progress(), enough);
+        consumer.run(db, handler, stop).await
+    } else {
+        let consumer = KafkaConsumer::new(&common::kafka::brokers(), &[topic], options).unwrap();
+        let stop = stop_on(rx, consumer.progress(), enough);
+        consumer.run(db, handler, stop).await
+    }
 }
 
 /// Re-sent by the relay, and applied before a consumer crash: every effect still happens once.
@@ -261,12 +255,21 @@ async fn redelivered_events_are_applied_once(pulsar: bool) {
     // Stop once all 60 messages (50 events, 10 of them twice) went through the loop.
     let (_never_sent, never) = watch::channel(false);
     let all_read: fn(&Consumed) -> bool = |c| c.applied + c.duplicates >= 60;
-    let consumed = if pulsar {
-        let topic = common::pulsar::topic(&f.topic("order"));
-        pulsar_consumer(&f.db, &topic, options, never, all_read, "one").await
+    let topic = if pulsar {
+        common::pulsar::topic(&f.topic("order"))
     } else {
-        kafka_consumer(&f.db, &f.topic("order"), options, never, all_read, "one").await
-    }
+        f.topic("order")
+    };
+    let consumed = consume(
+        pulsar,
+        &f.db,
+        &topic,
+        options,
+        never,
+        all_read,
+        applying("one"),
+    )
+    .await
     .unwrap();
 
     assert_applied_once_in_order(&f, ids.len()).await;
@@ -368,11 +371,16 @@ async fn two_instances_apply_each_event_once_in_order(pulsar: bool) {
             let (db, topic, options, rx) =
                 (f.db.clone(), topic.clone(), options.clone(), rx.clone());
             tokio::spawn(async move {
-                if pulsar {
-                    pulsar_consumer(&db, &topic, options, rx, |_| false, instance).await
-                } else {
-                    kafka_consumer(&db, &topic, options, rx, |_| false, instance).await
-                }
+                consume(
+                    pulsar,
+                    &db,
+                    &topic,
+                    options,
+                    rx,
+                    |_| false,
+                    applying(instance),
+                )
+                .await
             })
         })
         .collect();
@@ -544,11 +552,16 @@ async fn poison_follows_the_policy(pulsar: bool) {
                 .poison(policy);
             let (db, topic) = (f.db.clone(), topic.clone());
             async move {
-                if pulsar {
-                    pulsar_consumer(&db, &topic, options, rx, |_| false, instance).await
-                } else {
-                    kafka_consumer(&db, &topic, options, rx, |_| false, instance).await
-                }
+                consume(
+                    pulsar,
+                    &db,
+                    &topic,
+                    options,
+                    rx,
+                    |_| false,
+                    applying(instance),
+                )
+                .await
             }
         };
     let never = watch::channel(false);
@@ -640,19 +653,19 @@ async fn poison_follows_the_policy(pulsar: bool) {
                 calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Box::pin(apply(envelope, txn, "retry"))
             });
-            if pulsar {
-                let consumer = PulsarConsumer::new(&common::pulsar::url(), &[&topic], options)
-                    .await
-                    .unwrap();
-                consumer.run(&db, handler, fired(rx)).await
-            } else {
-                let consumer =
-                    KafkaConsumer::new(&common::kafka::brokers(), &[&topic], options).unwrap();
-                consumer.run(&db, handler, fired(rx)).await
-            }
+            consume(pulsar, &db, &topic, options, rx, |_| false, handler).await
         })
     };
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Six calls: the good event, two failed attempts, then three tries under the policy.
+    let started = std::time::Instant::now();
+    while calls.load(std::sync::atomic::Ordering::Relaxed) < 6 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the loop stopped retrying"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
     tx.send(true).unwrap();
     let consumed = retrying
         .await
@@ -665,9 +678,12 @@ async fn poison_follows_the_policy(pulsar: bool) {
         "o0's next event waits behind its poison"
     );
     assert_eq!(consumed.applied, 1, "{consumed:?}");
-    // Two seconds at 50-200 ms between tries: a few dozen calls at most; a tight loop makes
-    // thousands.
-    assert!((3..=40).contains(&calls), "{calls} handler calls in 2 s");
+    // Between those calls the loop waited 50 ms, then 200 ms three times: a tight loop would
+    // have made them within a millisecond.
+    assert!(
+        elapsed >= Duration::from_millis(650),
+        "{calls} handler calls within {elapsed:?}"
+    );
 }
 
 #[tokio::test]
