@@ -4,12 +4,12 @@
 use crate::setup;
 use outbox_relay::sink::pulsar::{PulsarConfig, PulsarSink};
 use outbox_relay::{Mode, Relay, RelayConfig};
-use pulsar::{Producer, ProducerOptions, Pulsar, TokioExecutor, producer};
+use pulsar::{Producer, Pulsar, TokioExecutor, producer};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// A producer as the sink makes them: no client batching, a full queue waits.
+/// A producer with the sink's settings.
 async fn raw(url: &str, topic: &str) -> Producer<TokioExecutor> {
     let client = Pulsar::builder(url, TokioExecutor)
         .build()
@@ -18,10 +18,7 @@ async fn raw(url: &str, topic: &str) -> Producer<TokioExecutor> {
     client
         .producer()
         .with_topic(topic)
-        .with_options(ProducerOptions {
-            block_queue_if_full: true,
-            ..ProducerOptions::default()
-        })
+        .with_options(PulsarConfig::new(url).producer_options())
         .build()
         .await
         .expect("pulsar producer")

@@ -455,12 +455,6 @@ fn sink_config(args: &RunArgs, file: Option<SinkConfig>) -> Result<SinkConfig, U
                     "the pulsar sink needs a service URL: --pulsar-url, PULSAR_URL or `url` in [sink]".into(),
                 ));
             }
-            if !pulsar.url.starts_with("pulsar://") && !pulsar.url.starts_with("pulsar+ssl://") {
-                return Err(UsageError(format!(
-                    "pulsar URL {:?} must start with pulsar:// or pulsar+ssl://",
-                    pulsar.url
-                )));
-            }
             Ok(SinkConfig::Pulsar(pulsar))
         }
     }

@@ -72,6 +72,16 @@ impl PulsarConfig {
         }
     }
 
+    /// The settings of the sink's producers: no client-side batching (the relay already sends a
+    /// whole batch before it awaits the receipts), and a full send queue waits, as Kafka's does,
+    /// rather than failing the message.
+    pub fn producer_options(&self) -> ProducerOptions {
+        ProducerOptions {
+            block_queue_if_full: true,
+            ..ProducerOptions::default()
+        }
+    }
+
     /// The Pulsar topic for a routed topic name: `persistent://tenant/namespace/name`, unless the
     /// route already names a full Pulsar topic.
     ///
@@ -155,21 +165,16 @@ impl Connected {
 
     async fn producer(
         &mut self,
-        url: &str,
+        config: &PulsarConfig,
         topic: &str,
     ) -> Result<&mut Producer<TokioExecutor>, SinkError> {
         if !self.producers.contains_key(topic) {
             let producer = self
-                .client(url)
+                .client(&config.url)
                 .await?
                 .producer()
                 .with_topic(topic)
-                // No batching: the relay already sends a whole batch before awaiting receipts.
-                // A full send queue waits, as Kafka's does, rather than failing the message.
-                .with_options(ProducerOptions {
-                    block_queue_if_full: true,
-                    ..ProducerOptions::default()
-                })
+                .with_options(config.producer_options())
                 .build()
                 .await
                 .map_err(|e| classify(&e))?;
@@ -258,7 +263,7 @@ impl PulsarSink {
             )));
         }
         let topic = self.config.topic(&message.topic);
-        let producer = state.producer(&self.config.url, &topic).await?;
+        let producer = state.producer(&self.config, &topic).await?;
         let outgoing = producer::Message {
             payload: message.payload.clone(),
             properties: message.headers.iter().cloned().collect(),
