@@ -53,15 +53,19 @@ mod event;
 pub mod inbox;
 #[cfg(feature = "migration")]
 pub mod migration;
+#[cfg(feature = "pulsar")]
+pub mod pulsar_client;
 mod record;
 mod registry;
 pub mod schema;
+mod secret;
 
 pub use envelope::{Envelope, EnvelopeError};
 pub use error::{Error, Result};
 pub use event::{NewEvent, OutboxEvent};
 pub use record::{record_all, record_new_events};
 pub use registry::{EventRegistration, check_registrations, registrations};
+pub use secret::Secret;
 
 /// The derive macro; see [`OutboxEvent`](trait@OutboxEvent).
 #[cfg(feature = "derive")]

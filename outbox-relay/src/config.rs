@@ -20,7 +20,8 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct RelayConfig {
-    /// `postgres://…` or `sqlite:…`.
+    /// `postgres://…` or `sqlite:…`. A PostgreSQL URL may end in `?connect_timeout=SECONDS`
+    /// (libpq's parameter; default 5): how long a connection attempt may take.
     pub database_url: String,
     /// Rows claimed and published per batch. Default 500.
     pub batch_size: usize,
@@ -72,35 +73,5 @@ impl RelayConfig {
             prune_interval: Duration::from_secs(60),
             metrics_interval: Duration::from_secs(5),
         }
-    }
-}
-
-/// `url` with any password replaced by `***`, for logs and errors.
-///
-/// ```
-/// assert_eq!(
-///     outbox_relay::redact_url("postgres://app:s3cret@db:5432/shop"),
-///     "postgres://app:***@db:5432/shop"
-/// );
-/// assert_eq!(outbox_relay::redact_url("sqlite:///tmp/x.db"), "sqlite:///tmp/x.db");
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => {
-            let userinfo = &rest[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_owned()
-            };
-            format!("{}{masked}{}", &url[..scheme_end], &rest[at..])
-        }
-        None => url.to_owned(),
     }
 }

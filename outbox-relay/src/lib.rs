@@ -40,15 +40,17 @@ mod leases;
 pub mod metrics;
 mod outbox_table;
 mod prune;
+mod redact;
 mod relay;
 mod routing;
 pub mod sink;
 mod status;
 pub mod wakeup;
 
-pub use config::{RelayConfig, redact_url};
+pub use config::RelayConfig;
 pub use outbox_table::{Mode, PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
 pub use prune::{PRUNE_BATCH, prune};
+pub use redact::{is_secret_key, redact_url};
 pub use relay::Relay;
 pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};
 pub use status::{Status, status};

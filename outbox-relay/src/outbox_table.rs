@@ -9,6 +9,7 @@ use futures::future::BoxFuture;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{Connection, FromRow, Postgres, Transaction};
+use std::time::Duration;
 use uuid::Uuid;
 
 /// An unpublished outbox row, as claimed.
@@ -44,7 +45,17 @@ pub(crate) struct Outcome {
 }
 
 /// After publishing: mark rows published, or delete them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Set `published_at`; a pruning job deletes old rows later.
@@ -115,15 +126,26 @@ ORDER BY o.seq
 LIMIT ?1";
 
 impl OutboxTable {
-    /// Opens the relay's connection to `url` (`postgres://…` or `sqlite:…`).
+    /// Opens the relay's connection to `url` (`postgres://…` or `sqlite:…`), failing after the
+    /// URL's `connect_timeout` (see [`connect_timeout`]).
     pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
         if url.starts_with("sqlite:") {
-            Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?))
-        } else {
-            let mut conn = PgConnection::connect(url).await?;
+            return Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?));
+        }
+        let (url, timeout) = connect_timeout(url);
+        let connect = async {
+            let mut conn = PgConnection::connect(&url).await?;
             sqlx::raw_sql(PG_SESSION).execute(&mut conn).await?;
             Ok(OutboxTable::Postgres(conn))
-        }
+        };
+        tokio::time::timeout(timeout, connect)
+            .await
+            .unwrap_or_else(|_| {
+                Err(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the database did not answer within {timeout:?} (connect_timeout)"),
+                )))
+            })
     }
 
     /// Claims up to `limit` unpublished rows of `shards`, in `seq` order, skipping aggregates that
@@ -177,6 +199,35 @@ impl OutboxTable {
             OutboxTable::Postgres(conn) => Some(conn),
             OutboxTable::Sqlite(_) => None,
         }
+    }
+}
+
+/// How long a connection attempt may take by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Splits libpq's `connect_timeout` parameter (whole seconds) off a PostgreSQL URL: sqlx does not
+/// know it, and the relay applies it itself. Without it, [`DEFAULT_CONNECT_TIMEOUT`].
+pub(crate) fn connect_timeout(url: &str) -> (String, Duration) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), DEFAULT_CONNECT_TIMEOUT);
+    };
+    let mut timeout = DEFAULT_CONNECT_TIMEOUT;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("connect_timeout=") {
+            Some(seconds) => {
+                if let Ok(seconds) = seconds.parse::<u64>() {
+                    timeout = Duration::from_secs(seconds.max(1));
+                }
+                false
+            }
+            None => true,
+        })
+        .collect();
+    if rest.is_empty() {
+        (base.to_owned(), timeout)
+    } else {
+        (format!("{base}?{}", rest.join("&")), timeout)
     }
 }
 
@@ -303,4 +354,28 @@ fn uuids(ids: &[String]) -> Vec<Uuid> {
     ids.iter()
         .filter_map(|id| Uuid::parse_str(id).ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_timeout_is_taken_off_the_url() {
+        assert_eq!(
+            connect_timeout("postgres://db/shop?connect_timeout=2&sslmode=require"),
+            (
+                "postgres://db/shop?sslmode=require".into(),
+                Duration::from_secs(2)
+            )
+        );
+        assert_eq!(
+            connect_timeout("postgres://db/shop?connect_timeout=9"),
+            ("postgres://db/shop".into(), Duration::from_secs(9))
+        );
+        assert_eq!(
+            connect_timeout("postgres://db/shop"),
+            ("postgres://db/shop".into(), DEFAULT_CONNECT_TIMEOUT)
+        );
+    }
 }

@@ -1,8 +1,9 @@
 //! The relay's loop: claim a batch, publish it, mark what the broker acked. Read top to bottom.
 
-use crate::config::{RelayConfig, redact_url};
+use crate::config::RelayConfig;
 use crate::leases::Leases;
 use crate::outbox_table::{Mode, OutboxRow, OutboxTable, Outcome};
+use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::{Message, Sink, SinkError};
 use crate::wakeup::{self, Wakeup};
@@ -154,7 +155,7 @@ impl Relay {
             } else {
                 self.sink.publish(&messages).await
             };
-            self.record_results(&sent, &messages, results, &mut outcome);
+            let refused = self.record_results(&sent, &messages, results, &mut outcome);
 
             // Mark (or delete) what the broker acked, in the claim's transaction.
             claim.settle(&outcome, self.config.mode).await?;
@@ -164,9 +165,16 @@ impl Relay {
             }
 
             // Go again at once after a full batch; back off when nothing at all went through (the
-            // broker is away). Otherwise poll adaptively: soon after a batch that found work, less
-            // and less often while there is none, up to the poll interval.
-            let delay = if outcome.published.is_empty() && !outcome.failed.is_empty() {
+            // broker is away, or refuses the relay). Otherwise poll adaptively: soon after a batch
+            // that found work, less and less often while there is none, up to the poll interval.
+            let delay = if let Some(reason) = refused {
+                let delay = publish_backoff.next().unwrap_or(self.config.max_backoff);
+                tracing::error!(
+                    sink = self.sink.name(), %reason, retry_in = ?delay,
+                    "the broker refuses the relay; events wait, untouched, until it accepts it"
+                );
+                delay
+            } else if outcome.published.is_empty() && !outcome.failed.is_empty() {
                 publish_backoff.next().unwrap_or(self.config.max_backoff)
             } else {
                 publish_backoff = self.backoff();
@@ -224,14 +232,16 @@ impl Relay {
     /// Sorts the sink's results into the outcome: acked rows are published, permanent failures
     /// parked, transient ones retried after a backoff that grows with the row's attempts. After an
     /// aggregate's first failure, its later messages in the batch are not marked even if acked:
-    /// they go out again after it, in order.
+    /// they go out again after it, in order. When the broker refuses the sink itself, the rows are
+    /// left as they were, and the reason is returned.
     fn record_results(
         &self,
         sent: &[&OutboxRow],
         messages: &[Message],
         results: Vec<Result<(), SinkError>>,
         outcome: &mut Outcome,
-    ) {
+    ) -> Option<String> {
+        let mut refused = None;
         let mut failed_aggregates: HashSet<(&str, &str)> = HashSet::new();
         for ((row, message), result) in sent.iter().zip(messages).zip(results) {
             let aggregate = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
@@ -242,9 +252,13 @@ impl Relay {
                     metrics::published(&message.topic, row.created_ms);
                     outcome.published.push(id);
                 }
+                Err(e) if e.is_unavailable() => {
+                    failed_aggregates.insert(aggregate);
+                    refused.get_or_insert(e.message);
+                }
                 Err(e) => {
                     failed_aggregates.insert(aggregate);
-                    if e.permanent {
+                    if e.is_permanent() {
                         tracing::error!(event_id = %id, topic = %message.topic, error = %e, "event parked");
                         outcome.parked.push((id, e.message));
                     } else {
@@ -258,6 +272,7 @@ impl Relay {
                 }
             }
         }
+        refused
     }
 
     /// The waits between polls that find nothing: 1 ms, doubling up to the poll interval. With

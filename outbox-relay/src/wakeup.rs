@@ -10,7 +10,17 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 /// How the relay learns that there may be new rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Wakeup {
     /// Poll every `poll_interval` while idle.

@@ -31,6 +31,23 @@ fn usage_error(args: &[&str], needle: &str) -> String {
     stderr
 }
 
+/// Asserts exit code 2 and clap's own message, tips included; returns stderr.
+fn clap_error(args: &[&str], needle: &str) -> String {
+    let output = run(args);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(
+        stderr.contains(needle),
+        "{args:?}: {stderr:?} lacks {needle:?}"
+    );
+    assert!(
+        stderr.contains("--help"),
+        "{args:?}: no hint at --help: {stderr}"
+    );
+    assert!(output.stdout.is_empty());
+    stderr
+}
+
 fn config_file(text: &str) -> String {
     let path = outbox_tests::temp_dir().join("relay.toml");
     std::fs::write(&path, text).unwrap();
@@ -39,8 +56,11 @@ fn config_file(text: &str) -> String {
 
 #[test]
 fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
-    usage_error(&["run", "--bogus"], "unexpected argument '--bogus'");
-    usage_error(&["frobnicate"], "unrecognized subcommand");
+    clap_error(&["run", "--bogus"], "unexpected argument '--bogus'");
+    clap_error(&["frobnicate"], "unrecognized subcommand");
+    // clap's "did you mean" tips are kept.
+    let typo = clap_error(&["run", "--batch-sise", "5"], "unexpected argument");
+    assert!(typo.contains("--batch-size"), "no tip: {typo}");
     usage_error(&["run", "--kafka-brokers", "x:1"], "no database");
     usage_error(
         &["run", "--database-url", "mysql://db/shop"],
@@ -67,7 +87,7 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
         ],
         "at least 1",
     );
-    usage_error(
+    clap_error(
         &[
             "run",
             "--database-url",
@@ -99,7 +119,7 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
         ],
         "must start with pulsar://",
     );
-    usage_error(
+    clap_error(
         &[
             "run",
             "--database-url",
@@ -138,11 +158,28 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
         ],
         "line 3",
     );
-    usage_error(
-        &["--config", &config_file("batchsize = 10\n"), "status"],
+    // Unknown keys and bad values are reported at their own line, inside [sink] too.
+    let line = usage_error(
+        &[
+            "--config",
+            &config_file("batch_size = 10\nbatchsize = 10\n"),
+            "status",
+        ],
         "unknown field `batchsize`",
     );
-    usage_error(
+    assert!(line.contains("line 2"), "{line}");
+    let line = usage_error(
+        &[
+            "--config",
+            &config_file(
+                "batch_size = 10\n\n[sink]\ntype = \"kafka\"\nbrokers = \"b:1\"\nbrokerz = \"x\"\n",
+            ),
+            "status",
+        ],
+        "unknown field `brokerz`",
+    );
+    assert!(line.contains("line 6"), "{line}");
+    let line = usage_error(
         &[
             "--config",
             &config_file(
@@ -150,8 +187,18 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
             ),
             "run",
         ],
-        "config `poll_interval`",
+        "not a duration",
     );
+    assert!(line.contains("line 2"), "{line}");
+    let line = usage_error(
+        &[
+            "--config",
+            &config_file("database_url = \"postgres://app:${OUTBOX_TEST_UNSET_VARIABLE}@db/x\"\n"),
+            "status",
+        ],
+        "${OUTBOX_TEST_UNSET_VARIABLE}, which is not set",
+    );
+    assert!(line.contains("`database_url`"), "{line}");
     usage_error(
         &[
             "--config",

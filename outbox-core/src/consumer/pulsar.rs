@@ -6,6 +6,7 @@
 //! committed; one never acked is redelivered, and the inbox skips it if it was applied.
 
 use super::{Consumed, ConsumerError, ConsumerOptions, HandlerError, Processor, Verdict};
+use crate::pulsar_client::PulsarConnection;
 use crate::{Envelope, EnvelopeError};
 use futures::StreamExt;
 use futures_core::future::BoxFuture;
@@ -85,7 +86,34 @@ impl PulsarConsumer {
         Self::with_client(client, topics, options).await
     }
 
-    /// Like [`new`](Self::new), with a client you built (authentication, TLS, ...).
+    /// Connects as `connection` says (token or OAuth 2.0, TLS) and subscribes to `topics`, as
+    /// [`new`](Self::new) does.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), outbox_core::consumer::ConsumerError> {
+    /// use outbox_core::consumer::{pulsar::PulsarConsumer, ConsumerOptions};
+    /// use outbox_core::pulsar_client::{PulsarAuth, PulsarConnection};
+    /// use outbox_core::Secret;
+    ///
+    /// let mut connection = PulsarConnection::new("pulsar+ssl://127.0.0.1:6651");
+    /// connection.auth = Some(PulsarAuth::Token(Secret::new(std::fs::read_to_string("/run/secrets/pulsar-token").unwrap().trim())));
+    /// connection.tls_ca_file = Some("/etc/ssl/pulsar-ca.pem".into());
+    /// let consumer = PulsarConsumer::connect(&connection, &["persistent://public/default/outbox.event.order"], ConsumerOptions::new("billing")).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(
+        connection: &PulsarConnection,
+        topics: &[&str],
+        options: ConsumerOptions,
+    ) -> Result<Self, ConsumerError> {
+        let client = connection
+            .connect(None)
+            .await
+            .map_err(|e| ConsumerError::Broker(format!("connect to {}: {e}", connection.url)))?;
+        Self::with_client(client, topics, options).await
+    }
+
+    /// Like [`new`](Self::new), with a client you built.
     pub async fn with_client(
         client: Pulsar<TokioExecutor>,
         topics: &[&str],

@@ -1,37 +1,57 @@
 //! The Kafka sink, through rdkafka (librdkafka).
 //!
 //! The producer is idempotent with `acks=all`, so a message the broker acked is durable and a
-//! retried send is not duplicated by the producer itself. librdkafka settings pass through.
+//! retried send is not duplicated by the producer itself. librdkafka settings pass through, security
+//! included (`security.protocol`, `sasl.*`, `ssl.*`): librdkafka is built with OpenSSL, SASL
+//! (PLAIN, SCRAM) and OAUTHBEARER with OIDC.
+//!
+//! When the broker refuses the relay itself (authentication failed, certificate not trusted, a
+//! plaintext client at a TLS listener), librdkafka reports it through its error callback, not per
+//! message. The sink then answers every message [`Unavailable`](super::FailureKind::Unavailable) —
+//! the rows stay untouched — and probes the broker before each later batch until it is accepted.
 
 use super::{HELD_BACK, Message, Sink, SinkError};
+use crate::redact::{is_secret_key, redact_options, redact_values};
 use futures::future::BoxFuture;
+use rdkafka::ClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use serde::Deserialize;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use tokio::sync::watch;
 
-/// The `[sink]` table for Kafka.
+/// The Kafka sink's settings.
 ///
-/// ```toml
-/// [sink]
-/// type = "kafka"
-/// brokers = "127.0.0.1:9092"
-/// options = { "linger.ms" = "1", "compression.type" = "lz4" }
 /// ```
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// # use outbox_relay::sink::kafka::KafkaConfig;
+/// let mut config = KafkaConfig::new("broker-1.example.com:9093");
+/// config.options.insert("security.protocol".into(), "SASL_SSL".into());
+/// config.options.insert("sasl.mechanism".into(), "SCRAM-SHA-512".into());
+/// config.options.insert("sasl.username".into(), "relay".into());
+/// config.options.insert("sasl.password".into(), "s3cret".into());
+/// // Secrets never print:
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// ```
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct KafkaConfig {
     /// `bootstrap.servers`: comma-separated `host:port` list.
     pub brokers: String,
     /// librdkafka producer settings, applied over the relay's defaults.
-    #[serde(default)]
     pub options: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("options", &redact_options(&self.options))
+            .finish()
+    }
 }
 
 impl KafkaConfig {
@@ -69,6 +89,14 @@ impl KafkaConfig {
         settings.extend(self.options.clone());
         settings
     }
+
+    /// The values of the secret settings, to keep them out of client messages.
+    fn secret_values(&self) -> impl Iterator<Item = &str> {
+        self.options
+            .iter()
+            .filter(|(k, _)| is_secret_key(k))
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// Publishes to Kafka: key = aggregate id, value = payload, headers as in [`Message`].
@@ -79,8 +107,11 @@ impl KafkaConfig {
 /// which nothing was delivered, or on a fatal error, the sink replaces its producer.
 pub struct KafkaSink {
     client: ClientConfig,
-    producer: RwLock<Arc<FutureProducer>>,
+    secrets: Vec<String>,
+    producer: RwLock<Arc<FutureProducer<SinkContext>>>,
     failed_batches: AtomicU32,
+    /// Why the broker refuses the relay (authentication, TLS), as librdkafka last reported it.
+    refused: watch::Sender<Option<String>>,
 }
 
 /// Whole batches failing in a row before the producer is replaced.
@@ -92,6 +123,38 @@ impl std::fmt::Debug for KafkaSink {
     }
 }
 
+/// The producer's context: hears librdkafka's client-level errors, and notes the ones that mean
+/// the broker refuses this client.
+struct SinkContext {
+    refused: watch::Sender<Option<String>>,
+}
+
+impl ClientContext for SinkContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_refusal(&error, reason) {
+            let first = self.refused.borrow().is_none();
+            if first {
+                tracing::error!(%reason, "kafka refuses the relay's connection");
+            }
+            self.refused.send_replace(Some(reason.to_owned()));
+        } else {
+            tracing::warn!(error = %error, "kafka client: {reason}");
+        }
+    }
+}
+
+/// Whether a client-level error means the broker will not accept this client as configured.
+fn is_refusal(error: &KafkaError, reason: &str) -> bool {
+    matches!(
+        error.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::Authentication
+                | RDKafkaErrorCode::SaslAuthenticationFailed
+                | RDKafkaErrorCode::SSL
+        )
+    ) || reason.contains("security.protocol")
+}
+
 impl KafkaSink {
     /// Creates the producer. It connects lazily: an unreachable broker shows up as failed sends.
     pub fn new(config: &KafkaConfig) -> Result<Self, SinkError> {
@@ -99,26 +162,60 @@ impl KafkaSink {
         for (key, value) in config.producer_settings() {
             client.set(key, value);
         }
-        let producer = create(&client)?;
+        let secrets: Vec<String> = config.secret_values().map(str::to_owned).collect();
+        let refused = watch::Sender::new(None);
+        let producer = create(&client, &secrets, &refused)?;
         Ok(KafkaSink {
             client,
+            secrets,
             producer: RwLock::new(Arc::new(producer)),
             failed_batches: AtomicU32::new(0),
+            refused,
         })
     }
 
     /// The current producer, for metrics or a flush at exit.
-    pub fn producer(&self) -> Arc<FutureProducer> {
+    pub fn producer(&self) -> Arc<FutureProducer<impl ClientContext + use<>>> {
+        self.current()
+    }
+
+    fn current(&self) -> Arc<FutureProducer<SinkContext>> {
         self.producer.read().expect("producer lock").clone()
+    }
+
+    /// Whether the broker accepts the client now: its metadata can be read. librdkafka's call
+    /// blocks, so it runs off the runtime's worker threads.
+    async fn fetch_metadata(&self) -> Result<(), SinkError> {
+        let producer = self.current();
+        let fetched = tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, Duration::from_secs(3))
+                .map(drop)
+        })
+        .await;
+        match (fetched, self.refused.borrow().clone()) {
+            (Ok(Ok(())), _) => Ok(()),
+            (_, Some(reason)) => Err(SinkError::unavailable(format!(
+                "broker refuses the relay: {reason}"
+            ))),
+            (Ok(Err(e)), None) => Err(SinkError::new(format!("broker unreachable: {e}"))),
+            (Err(e), None) => Err(SinkError::new(format!("broker check failed: {e}"))),
+        }
     }
 
     /// Counts a batch in which nothing was delivered (or resets the count), and replaces the
     /// producer once it looks stuck.
-    fn after_batch(&self, producer: &FutureProducer, results: &[Result<(), SinkError>]) {
-        use rdkafka::producer::Producer;
+    fn after_batch(
+        &self,
+        producer: &FutureProducer<SinkContext>,
+        results: &[Result<(), SinkError>],
+    ) {
         // Permanent failures say something about the messages, not the producer.
-        let nothing_delivered =
-            !results.is_empty() && results.iter().all(|r| matches!(r, Err(e) if !e.permanent));
+        let nothing_delivered = !results.is_empty()
+            && results
+                .iter()
+                .all(|r| matches!(r, Err(e) if e.kind == super::FailureKind::Transient));
         let failed = if nothing_delivered {
             self.failed_batches.fetch_add(1, Ordering::Relaxed) + 1
         } else {
@@ -129,7 +226,7 @@ impl KafkaSink {
         if failed < STUCK_AFTER && fatal.is_none() {
             return;
         }
-        let fresh = match create(&self.client) {
+        let fresh = match create(&self.client, &self.secrets, &self.refused) {
             Ok(fresh) => fresh,
             Err(e) => return tracing::warn!(error = %e, "could not create a new kafka producer"),
         };
@@ -150,13 +247,19 @@ impl Sink for KafkaSink {
     }
 
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        // librdkafka's metadata call blocks: keep it off the runtime's worker threads.
-        Box::pin(async move { tokio::task::block_in_place(|| self.fetch_metadata()) })
+        Box::pin(self.fetch_metadata())
     }
 
     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
         Box::pin(async move {
-            let producer = self.producer();
+            // Refused before: send nothing until the broker accepts the client again.
+            if self.refused.borrow().is_some() {
+                if let Err(e) = self.fetch_metadata().await {
+                    return batch.iter().map(|_| Err(e.clone())).collect();
+                }
+                self.refused.send_replace(None);
+            }
+            let producer = self.current();
             // Enqueue the whole batch first, then await the acks: one round of broker latency per
             // batch, not per message. Enqueue order is delivery order within a partition.
             // A message refused at enqueue (too large, say) stops its key's later messages, so
@@ -174,38 +277,48 @@ impl Sink for KafkaSink {
                 }
                 pending.push(delivery);
             }
-            let mut results = Vec::with_capacity(batch.len());
-            for delivery in pending {
-                results.push(match delivery {
-                    Ok(future) => match future.await {
-                        Ok(Ok(_)) => Ok(()),
-                        Ok(Err((e, _))) => Err(classify(&e)),
-                        Err(_) => Err(SinkError::new("kafka producer dropped the message")),
-                    },
-                    Err(e) => Err(e),
-                });
-            }
+            let acks = async {
+                let mut results = Vec::with_capacity(pending.len());
+                for delivery in pending {
+                    results.push(match delivery {
+                        Ok(future) => match future.await {
+                            Ok(Ok(_)) => Ok(()),
+                            Ok(Err((e, _))) => Err(classify(&e)),
+                            Err(_) => Err(SinkError::new("kafka producer dropped the message")),
+                        },
+                        Err(e) => Err(e),
+                    });
+                }
+                results
+            };
+            let mut acks = std::pin::pin!(acks);
+            // Acks, unless the broker refuses the client meanwhile: then its queue is purged
+            // rather than left to time out, and what was not acked is left for later.
+            let mut refused = self.refused.subscribe();
+            let refusal = async {
+                let reason = refused.wait_for(Option::is_some).await;
+                reason.ok().and_then(|reason| reason.clone())
+            };
+            let results = tokio::select! {
+                results = &mut acks => results,
+                Some(reason) = refusal => {
+                    producer.purge(PurgeConfig::default().queue().inflight());
+                    let unavailable = SinkError::unavailable(format!("broker refuses the relay: {reason}"));
+                    acks.await
+                        .into_iter()
+                        .map(|r| r.map_err(|e| if e.is_permanent() { e } else { unavailable.clone() }))
+                        .collect()
+                }
+            };
             self.after_batch(&producer, &results);
             results
         })
     }
 }
 
-impl KafkaSink {
-    /// Fetches the cluster's metadata: the broker answers.
-    fn fetch_metadata(&self) -> Result<(), SinkError> {
-        use rdkafka::producer::Producer;
-        self.producer()
-            .client()
-            .fetch_metadata(None, Duration::from_secs(3))
-            .map(drop)
-            .map_err(|e| SinkError::new(format!("broker unreachable: {e}")))
-    }
-}
-
 /// Hands `message` to the producer, waiting while its local queue is full.
 async fn enqueue(
-    producer: &FutureProducer,
+    producer: &FutureProducer<SinkContext>,
     message: &Message,
 ) -> Result<rdkafka::producer::DeliveryFuture, SinkError> {
     let mut headers = OwnedHeaders::new_with_capacity(message.headers.len());
@@ -232,11 +345,20 @@ async fn enqueue(
     }
 }
 
-/// A producer with the sink's settings.
-fn create(client: &ClientConfig) -> Result<FutureProducer, SinkError> {
-    client
-        .create()
-        .map_err(|e| SinkError::new(format!("kafka producer configuration: {e}")))
+/// A producer with the sink's settings. librdkafka quotes a bad setting's value in its error:
+/// secrets are masked in it.
+fn create(
+    client: &ClientConfig,
+    secrets: &[String],
+    refused: &watch::Sender<Option<String>>,
+) -> Result<FutureProducer<SinkContext>, SinkError> {
+    let context = SinkContext {
+        refused: refused.clone(),
+    };
+    client.create_with_context(context).map_err(|e| {
+        let message = redact_values(&e.to_string(), secrets.iter().map(String::as_str));
+        SinkError::permanent(format!("kafka producer configuration: {message}"))
+    })
 }
 
 /// Errors no retry can fix: the message, its topic or the relay's rights must change first.

@@ -12,7 +12,6 @@ pub mod pulsar;
 pub mod stdout;
 
 use futures::future::BoxFuture;
-use serde::Deserialize;
 use uuid::Uuid;
 
 /// One event, ready for the broker. The contract every sink keeps:
@@ -72,17 +71,35 @@ impl Message {
 
 /// Why a message was not published.
 ///
-/// A *transient* failure (broker away, timeout) is retried with backoff. A *permanent* one
-/// (message too large, topic missing, not authorized) cannot be fixed by retrying: the relay parks
-/// the event with this message, and later events of its aggregate wait for an operator.
+/// Three kinds, because each asks the relay for something different:
+/// - [`Transient`](FailureKind::Transient) (broker away, timeout): the row is retried with backoff;
+/// - [`Permanent`](FailureKind::Permanent) (message too large, topic missing, not authorized for
+///   the topic): retrying cannot help, so the relay parks the event with this message, and later
+///   events of its aggregate wait for an operator;
+/// - [`Unavailable`](FailureKind::Unavailable) (the relay's credentials or TLS settings are
+///   refused): nothing is wrong with the event, and nothing about it is recorded. The relay leaves
+///   the rows untouched, reports the broker unavailable on `/readyz`, and backs off as a whole.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 #[non_exhaustive]
 pub struct SinkError {
     /// What the broker or client said.
     pub message: String,
-    /// Whether retrying cannot help.
-    pub permanent: bool,
+    /// What the relay should do about it.
+    pub kind: FailureKind,
+}
+
+/// The kind of a [`SinkError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// Retrying may fix it: the row is retried after a backoff.
+    Transient,
+    /// Retrying cannot fix it: the event is parked.
+    Permanent,
+    /// The sink cannot reach its broker as configured (authentication, TLS): the row is left as it
+    /// was, and the relay backs off.
+    Unavailable,
 }
 
 impl SinkError {
@@ -90,7 +107,7 @@ impl SinkError {
     pub fn new(message: impl Into<String>) -> Self {
         SinkError {
             message: message.into(),
-            permanent: false,
+            kind: FailureKind::Transient,
         }
     }
 
@@ -98,8 +115,26 @@ impl SinkError {
     pub fn permanent(message: impl Into<String>) -> Self {
         SinkError {
             message: message.into(),
-            permanent: true,
+            kind: FailureKind::Permanent,
         }
+    }
+
+    /// The broker refuses the sink itself (credentials, TLS): the event is not at fault.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        SinkError {
+            message: message.into(),
+            kind: FailureKind::Unavailable,
+        }
+    }
+
+    /// Whether retrying cannot fix it.
+    pub fn is_permanent(&self) -> bool {
+        self.kind == FailureKind::Permanent
+    }
+
+    /// Whether the sink as a whole cannot publish.
+    pub fn is_unavailable(&self) -> bool {
+        self.kind == FailureKind::Unavailable
     }
 }
 
@@ -158,18 +193,18 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
     }
 }
 
-/// The configuration of a built-in sink, from the `[sink]` table of the config file or from flags.
+/// The configuration of a built-in sink. The command line builds it from flags, the environment
+/// and the `[sink]` table of the config file; an embedding program builds it in code.
 ///
 /// ```
-/// let config: outbox_relay::sink::SinkConfig = toml::from_str(r#"
-///     type = "kafka"
-///     brokers = "127.0.0.1:9092"
-///     options = { "linger.ms" = "1" }
-/// "#).unwrap();
-/// assert!(matches!(config, outbox_relay::sink::SinkConfig::Kafka(_)));
+/// use outbox_relay::sink::{SinkConfig, kafka::KafkaConfig};
+///
+/// let mut kafka = KafkaConfig::new("127.0.0.1:9092");
+/// kafka.options.insert("linger.ms".into(), "1".into());
+/// let sink = SinkConfig::Kafka(kafka).build().unwrap();
+/// assert_eq!(sink.name(), "kafka");
 /// ```
-#[derive(Debug, Clone, Deserialize)]
-#[serde(tag = "type", rename_all = "lowercase", deny_unknown_fields)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum SinkConfig {
     /// Apache Kafka, through rdkafka.

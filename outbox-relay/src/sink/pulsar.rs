@@ -14,38 +14,37 @@
 
 use super::{HELD_BACK, Message, Sink, SinkError};
 use futures::future::BoxFuture;
+use outbox_core::pulsar_client::PulsarConnection;
 use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
 use pulsar::message::proto::ServerError;
 use pulsar::{ConnectionRetryOptions, Producer, ProducerOptions, Pulsar, TokioExecutor, producer};
-use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-/// The `[sink]` table for Pulsar.
+/// The Pulsar sink's settings.
 ///
-/// ```toml
-/// [sink]
-/// type = "pulsar"
-/// url = "pulsar://127.0.0.1:6650"
-/// tenant = "public"        # the default
-/// namespace = "default"    # the default
 /// ```
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// use outbox_core::{Secret, pulsar_client::PulsarAuth};
+/// use outbox_relay::sink::pulsar::PulsarConfig;
+///
+/// let mut config = PulsarConfig::new("pulsar+ssl://pulsar.example.com:6651");
+/// config.connection.auth = Some(PulsarAuth::Token(Secret::new("eyJhbGciOi...")));
+/// config.connection.tls_ca_file = Some("/etc/ssl/pulsar-ca.pem".into());
+/// assert_eq!(config.tenant, "public");
+/// assert!(!format!("{config:?}").contains("eyJhbGciOi"));
+/// ```
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct PulsarConfig {
-    /// The service URL, `pulsar://host:port` (or `pulsar+ssl://`).
-    pub url: String,
+    /// The service URL (`pulsar://host:port` or `pulsar+ssl://host:port`), authentication and TLS.
+    pub connection: PulsarConnection,
     /// The tenant of the relay's topics.
-    #[serde(default = "default_tenant")]
     pub tenant: String,
     /// The namespace of the relay's topics.
-    #[serde(default = "default_namespace")]
     pub namespace: String,
     /// The largest payload sent; a larger one is parked as permanent failure instead of being
     /// resent forever. Pulsar's default `maxMessageSize` is 5 MiB.
-    #[serde(default = "default_max_message_bytes")]
     pub max_message_bytes: usize,
 }
 
@@ -65,7 +64,7 @@ impl PulsarConfig {
     /// A configuration for the service at `url`, in `public/default`.
     pub fn new(url: impl Into<String>) -> Self {
         PulsarConfig {
-            url: url.into(),
+            connection: PulsarConnection::new(url),
             tenant: default_tenant(),
             namespace: default_namespace(),
             max_message_bytes: default_max_message_bytes(),
@@ -120,7 +119,7 @@ struct Connected {
 impl std::fmt::Debug for PulsarSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PulsarSink")
-            .field("url", &self.config.url)
+            .field("url", &self.config.connection.url)
             .finish_non_exhaustive()
     }
 }
@@ -128,10 +127,11 @@ impl std::fmt::Debug for PulsarSink {
 impl PulsarSink {
     /// Creates the sink. It connects lazily: an unreachable broker shows up as failed sends.
     pub fn new(config: &PulsarConfig) -> Result<Self, SinkError> {
-        if !config.url.starts_with("pulsar://") && !config.url.starts_with("pulsar+ssl://") {
+        let url = &config.connection.url;
+        if !url.starts_with("pulsar://") && !url.starts_with("pulsar+ssl://") {
             return Err(SinkError::permanent(format!(
-                "pulsar url must start with pulsar:// or pulsar+ssl://, got {:?}",
-                config.url
+                "pulsar url must start with pulsar:// or pulsar+ssl://, got {}",
+                crate::redact_url(url)
             )));
         }
         Ok(PulsarSink {
@@ -142,7 +142,10 @@ impl PulsarSink {
 }
 
 impl Connected {
-    async fn client(&mut self, url: &str) -> Result<&Pulsar<TokioExecutor>, SinkError> {
+    async fn client(
+        &mut self,
+        connection: &PulsarConnection,
+    ) -> Result<&Pulsar<TokioExecutor>, SinkError> {
         if self.client.is_none() {
             // The crate's default retries a refused connection 12 times, backing off up to 30 s:
             // minutes in which the relay could neither publish nor shut down. Fail fast instead;
@@ -153,9 +156,8 @@ impl Connected {
                 connection_timeout: Duration::from_secs(5),
                 ..ConnectionRetryOptions::default()
             };
-            let client = Pulsar::builder(url, TokioExecutor)
-                .with_connection_retry_options(retry)
-                .build()
+            let client = connection
+                .connect(Some(retry))
                 .await
                 .map_err(|e| classify(&e))?;
             self.client = Some(client);
@@ -170,7 +172,7 @@ impl Connected {
     ) -> Result<&mut Producer<TokioExecutor>, SinkError> {
         if !self.producers.contains_key(topic) {
             let producer = self
-                .client(&config.url)
+                .client(&config.connection)
                 .await?
                 .producer()
                 .with_topic(topic)
@@ -193,15 +195,16 @@ impl Sink for PulsarSink {
         Box::pin(async move {
             let mut state = self.state.lock().await;
             let namespace = format!("{}/{}", self.config.tenant, self.config.namespace);
-            let client = state.client(&self.config.url).await?;
-            client
-                .get_topics_of_namespace(
-                    namespace,
-                    pulsar::message::proto::command_get_topics_of_namespace::Mode::All,
-                )
-                .await
-                .map(drop)
-                .map_err(|e| SinkError::new(format!("broker unreachable: {e}")))
+            let client = state.client(&self.config.connection).await?;
+            let topics = client.get_topics_of_namespace(
+                namespace,
+                pulsar::message::proto::command_get_topics_of_namespace::Mode::All,
+            );
+            match tokio::time::timeout(Duration::from_secs(5), topics).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(classify(&e)),
+                Err(_) => Err(SinkError::new("broker unreachable: no answer within 5 s")),
+            }
         })
     }
 
@@ -216,14 +219,24 @@ impl Sink for PulsarSink {
                 let mut state = self.state.lock().await;
                 let closed = std::mem::take(&mut state.closed);
                 state.producers.retain(|topic, _| !closed.contains(topic));
+                // Once the broker refuses the client itself, the rest of the batch is not tried.
+                let mut unavailable: Option<SinkError> = None;
                 for message in batch {
+                    if let Some(e) = &unavailable {
+                        pending.push(Err(e.clone()));
+                        continue;
+                    }
                     if refused_keys.contains(message.key.as_str()) {
                         pending.push(Err(SinkError::new(HELD_BACK)));
                         continue;
                     }
                     let sent = self.send(&mut state, message).await;
-                    if sent.is_err() {
-                        refused_keys.insert(message.key.as_str());
+                    match &sent {
+                        Err(e) if e.is_unavailable() => unavailable = Some(e.clone()),
+                        Err(_) => {
+                            refused_keys.insert(message.key.as_str());
+                        }
+                        Ok(_) => {}
                     }
                     pending.push(sent);
                 }
@@ -288,7 +301,9 @@ fn producer_gone(error: &pulsar::Error) -> bool {
     )
 }
 
-/// Errors no retry can fix: the topic, the relay's rights or the message must change first.
+/// Sorts a client error: the relay's own credentials or TLS refused (unavailable: nothing is wrong
+/// with the event), the topic or the message refused (permanent: the event is parked), or
+/// anything else (transient: retried).
 fn classify(error: &pulsar::Error) -> SinkError {
     let server_error = match error {
         pulsar::Error::Connection(ConnectionError::PulsarError(code, _))
@@ -299,19 +314,31 @@ fn classify(error: &pulsar::Error) -> SinkError {
         | pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(code, _)) => *code,
         _ => None,
     };
+    let refused = matches!(server_error, Some(ServerError::AuthenticationError))
+        || matches!(
+            error,
+            pulsar::Error::Connection(ConnectionError::Tls(_) | ConnectionError::Authentication(_))
+                | pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Connection(
+                    ConnectionError::Tls(_) | ConnectionError::Authentication(_)
+                ))
+                | pulsar::Error::Producer(ProducerError::Connection(
+                    ConnectionError::Tls(_) | ConnectionError::Authentication(_)
+                ))
+        );
     let permanent = matches!(
         server_error,
         Some(
             ServerError::TopicNotFound
                 | ServerError::AuthorizationError
-                | ServerError::AuthenticationError
                 | ServerError::InvalidTopicName
                 | ServerError::IncompatibleSchema
                 | ServerError::NotAllowedError
         )
     );
     let message = format!("pulsar: {error}");
-    if permanent {
+    if refused {
+        SinkError::unavailable(format!("broker refuses the relay: {message}"))
+    } else if permanent {
         SinkError::permanent(message)
     } else {
         SinkError::new(message)

@@ -1,0 +1,105 @@
+//! The command line's clap types: the commands, and their flags and environment variables.
+//!
+//! The settings a command shares with the config file ([`Settings`](super::settings::Settings) and
+//! [`DatabaseArgs`]) are defined once, in `settings.rs`, and flattened in here.
+
+use super::settings::{DatabaseArgs, Settings};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-relay",
+    version,
+    about = "Publishes outbox events to a broker, in order per aggregate.",
+    after_help = "Settings come from flags, then environment variables, then the TOML file named by \
+                  --config, then defaults. Every secret can come from the environment or from a file \
+                  instead of the command line: see `outbox-relay run --help` and docs/operations.md."
+)]
+pub(super) struct Cli {
+    /// TOML configuration file; flags and environment variables take precedence over it.
+    #[arg(long, env = "OUTBOX_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// Log lines for people, or JSON for machines (to stderr).
+    #[arg(long, value_enum, env = "OUTBOX_LOG_FORMAT", global = true)]
+    pub log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum Command {
+    /// Publish events until SIGINT or SIGTERM.
+    Run(Box<Settings>),
+    /// Create or upgrade the outbox tables.
+    Migrate {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        /// Also install the trigger behind `--wakeup notify` (PostgreSQL).
+        #[arg(long)]
+        notify_trigger: bool,
+    },
+    /// List the event types linked into this binary, with their topics.
+    Routes(RoutesArgs),
+    /// Show the backlog and the age of the oldest unpublished event.
+    Status(DatabaseArgs),
+    /// Parked events: list them, retry them, or skip them.
+    Failed {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(subcommand)]
+        command: FailedCommand,
+    },
+}
+
+#[derive(Debug, Args, Serialize)]
+pub(super) struct RoutesArgs {
+    /// The topic template for events without a topic of their own.
+    #[arg(long)]
+    pub topic_template: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum FailedCommand {
+    /// List parked events and why they were parked.
+    List,
+    /// Make parked (or backing-off) events due again, once their cause is fixed.
+    Retry(#[command(flatten)] Select),
+    /// Give up on parked events, recording why; their aggregates' later events go out.
+    Skip {
+        #[command(flatten)]
+        select: Select,
+        /// Why the events are given up on (kept in `last_error`).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub(super) struct Select {
+    /// Every parked event.
+    #[arg(long)]
+    pub all: bool,
+    /// An event id; repeat for more.
+    #[arg(long = "id", value_name = "UUID")]
+    pub ids: Vec<outbox_core::Uuid>,
+    /// The parked events of one aggregate, as TYPE:ID.
+    #[arg(long, value_name = "TYPE:ID", value_parser = aggregate)]
+    pub aggregate: Option<(String, String)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum LogFormat {
+    Human,
+    Json,
+}
+
+fn aggregate(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((t, id)) if !t.is_empty() && !id.is_empty() => Ok((t.to_owned(), id.to_owned())),
+        _ => Err(format!("`{text}` is not TYPE:ID, such as order:42")),
+    }
+}

@@ -1,0 +1,41 @@
+//! `outbox-relay migrate`: create or upgrade the outbox tables.
+
+use super::UsageError;
+use super::output::failure;
+use super::settings::Settings;
+use crate::redact_url;
+use crate::wakeup::NOTIFY_TRIGGER_SQL;
+use std::process::ExitCode;
+
+pub(super) async fn migrate(
+    settings: &Settings,
+    notify_trigger: bool,
+) -> Result<ExitCode, UsageError> {
+    let url = settings.database_url()?;
+    if notify_trigger && url.starts_with("sqlite:") {
+        return Err(UsageError("--notify-trigger needs PostgreSQL".into()));
+    }
+    Ok(match apply(&url, notify_trigger).await {
+        Ok(()) => {
+            println!("outbox schema is up to date on {}", redact_url(&url));
+            ExitCode::SUCCESS
+        }
+        Err(e) => failure(&format!("migrate {}: {e}", redact_url(&url))),
+    })
+}
+
+async fn apply(url: &str, notify_trigger: bool) -> Result<(), outbox_core::sea_orm::DbErr> {
+    use outbox_core::sea_orm::{ConnectOptions, ConnectionTrait, Database};
+    let (url, timeout) = crate::outbox_table::connect_timeout(url);
+    let mut options = ConnectOptions::new(url);
+    options
+        .sqlx_logging(false)
+        .connect_timeout(timeout)
+        .acquire_timeout(timeout);
+    let db = Database::connect(options).await?;
+    outbox_core::migration::migrate(&db).await?;
+    if notify_trigger {
+        db.execute_unprepared(NOTIFY_TRIGGER_SQL).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,89 @@
+//! The `outbox-relay` command line: `run`, `migrate`, `routes`, `status`, `failed`.
+//!
+//! Settings come from flags, then environment variables, then the TOML file named by `--config`,
+//! then defaults ([`settings`] says how, and how secrets stay off the command line). A bad flag,
+//! URL or file prints one line on stderr (clap's own errors keep their tips) and exits with code 2,
+//! having done nothing.
+//!
+//! One module per command: [`run`], [`migrate`], [`routes`], [`status`], [`failed`]; the clap
+//! types are in [`args`], the printing in [`output`].
+
+mod args;
+mod failed;
+mod migrate;
+mod output;
+mod routes;
+mod run;
+pub mod settings;
+mod status;
+
+use args::{Cli, Command};
+use clap::Parser;
+use std::process::ExitCode;
+
+/// A problem with the user's input: reported in one line, exit code 2.
+#[derive(Debug)]
+pub(crate) struct UsageError(pub String);
+
+/// The entry point of `outbox-relay`, and of your own relay binary:
+///
+/// ```no_run
+/// // use my_events as _;   // links your event types' registrations
+/// fn main() -> std::process::ExitCode {
+///     outbox_relay::cli::main()
+/// }
+/// ```
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // --help and --version print to stdout and succeed; usage errors keep clap's tips.
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let (settings, command) = match load(cli) {
+        Ok(loaded) => loaded,
+        Err(e) => return output::usage_error(&e.0),
+    };
+    output::init_logging(settings.log_format.unwrap_or(args::LogFormat::Human));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return output::failure(&format!("cannot start the runtime: {e}")),
+    };
+    runtime.block_on(async move {
+        let result = match command {
+            Command::Run(_) => run::run(&settings).await,
+            Command::Migrate { notify_trigger, .. } => {
+                migrate::migrate(&settings, notify_trigger).await
+            }
+            Command::Routes(_) => Ok(routes::routes(&settings)),
+            Command::Status(_) => status::status(&settings).await,
+            Command::Failed { command, .. } => failed::failed(&settings, command).await,
+        };
+        result.unwrap_or_else(|UsageError(message)| output::usage_error(&message))
+    })
+}
+
+/// The settings of the command: its flags over the environment over the config file.
+fn load(cli: Cli) -> Result<(settings::Settings, Command), UsageError> {
+    let config = cli.config.as_deref();
+    let mut settings = match &cli.command {
+        Command::Run(flags) => settings::load(config, flags.as_ref())?,
+        Command::Migrate { database, .. }
+        | Command::Status(database)
+        | Command::Failed { database, .. } => settings::load(config, database)?,
+        Command::Routes(flags) => settings::load(config, flags)?,
+    };
+    if cli.log_format.is_some() {
+        settings.log_format = cli.log_format;
+    }
+    Ok((settings, cli.command))
+}

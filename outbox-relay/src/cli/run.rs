@@ -1,0 +1,73 @@
+//! `outbox-relay run`: publish until SIGINT or SIGTERM.
+
+use super::UsageError;
+use super::settings::Settings;
+use crate::{Relay, endpoints};
+use std::process::ExitCode;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+pub(super) async fn run(settings: &Settings) -> Result<ExitCode, UsageError> {
+    let config = settings.relay_config()?;
+    let sink_config = settings.sink_config()?;
+    outbox_core::check_registrations().map_err(|e| UsageError(e.to_string()))?;
+    // The sink's settings with secrets masked: what an operator needs to see at start.
+    tracing::debug!(sink = ?sink_config, "sink settings");
+    let sink = sink_config.build().map_err(|e| UsageError(e.to_string()))?;
+    let relay = Arc::new(Relay::new(config, sink));
+    let shutdown = shutdown_on_signals();
+    if let Some(addr) = settings.http_addr() {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| UsageError(format!("cannot serve /metrics on {addr}: {e}")))?;
+        let prometheus = crate::metrics::install_prometheus().map_err(UsageError)?;
+        let bound = listener.local_addr().map_or(addr, |a| a);
+        tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
+        tokio::spawn(endpoints::serve(
+            listener,
+            Arc::clone(&relay),
+            prometheus,
+            shutdown.clone(),
+        ));
+    }
+    relay.run(shutdown).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Cancelled on the first SIGINT or SIGTERM: the relay settles its batch and stops. A second
+/// signal abandons the batch in flight (nothing unacked was marked; it will be sent again) and exits.
+fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        signal().await;
+        tracing::info!("shutting down after the batch in flight (signal again to abandon it)");
+        cancel.cancel();
+        signal().await;
+        tracing::warn!("abandoning the batch in flight; it will be published again");
+        std::process::exit(0);
+    });
+    token
+}
+
+async fn signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

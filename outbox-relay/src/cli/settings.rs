@@ -1,0 +1,799 @@
+//! The relay's settings, in layers: flags > environment > config file > defaults.
+//!
+//! [`Settings`] is one typed structure: the config file's schema and, through clap, the flags and
+//! environment variables of `run`. Each layer becomes a TOML table; the tables are merged key by
+//! key, the upper over the lower, and the result is read back into `Settings`. Defaults are
+//! [`RelayConfig::new`]'s and the sinks' own.
+//!
+//! Secrets never need the command line:
+//! - the environment: `DATABASE_URL`, `PULSAR_TOKEN`, and any librdkafka option as
+//!   `OUTBOX_KAFKA_OPTION_<KEY>` (`sasl.password` is `OUTBOX_KAFKA_OPTION_SASL_PASSWORD`);
+//! - files, as Kubernetes and Docker mount secrets: `DATABASE_URL_FILE`, `PULSAR_TOKEN_FILE`,
+//!   `OUTBOX_KAFKA_OPTION_<KEY>_FILE`, or the keys `database_url_file`, `token_file`,
+//!   `oauth2_credentials_url_file` (the file's content, less a final newline, is the value; when
+//!   both forms are set in one layer, the file wins);
+//! - the config file expands `${NAME}` from the environment and `${file:PATH}` from a file in any
+//!   string, so the file itself holds no secret (`$${` is a literal `${`).
+
+use super::UsageError;
+use super::args::LogFormat;
+use crate::RelayConfig;
+use crate::outbox_table::Mode;
+use crate::sink::SinkConfig;
+use crate::wakeup::Wakeup;
+use clap::{Args, ValueEnum};
+use outbox_core::Secret;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+use toml::{Table, Value};
+
+/// The database, for the commands that need nothing else (`status`, `migrate`, `failed`).
+#[derive(Debug, Default, Args, Serialize)]
+pub(super) struct DatabaseArgs {
+    /// The database: postgres://… or sqlite:…; a PostgreSQL URL may end in
+    /// `?connect_timeout=SECONDS` [default: 5].
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, global = true)]
+    pub database_url: Option<Secret>,
+    /// A file holding the database URL, such as a mounted secret.
+    #[arg(long, env = "DATABASE_URL_FILE", global = true)]
+    pub database_url_file: Option<PathBuf>,
+}
+
+/// Every setting: the `run` command's flags and the config file's keys.
+///
+/// ```toml
+/// # outbox-relay.toml
+/// database_url = "postgres://relay:${DB_PASSWORD}@db/shop?connect_timeout=3"
+/// batch_size = 500
+/// poll_interval = "100ms"
+/// mode = "mark"              # or "delete"
+/// wakeup = "poll"            # or "notify"
+/// strict = false
+/// skip_parked = false
+/// topic_template = "outbox.event.{aggregate_type}"
+/// lease_refresh = "1s"
+/// retention = "7d"           # or "off"
+/// prune_interval = "1m"
+/// http_addr = "127.0.0.1:9187"   # /metrics, /healthz, /readyz; or "off"
+/// log_format = "human"       # or "json"
+///
+/// [sink]
+/// type = "kafka"             # or "pulsar", "stdout"
+/// brokers = "kafka-1:9093,kafka-2:9093"
+/// options = { "security.protocol" = "SASL_SSL", "sasl.mechanism" = "SCRAM-SHA-512",
+///             "sasl.username" = "relay", "sasl.password" = "${KAFKA_PASSWORD}" }
+/// ```
+#[derive(Debug, Default, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Settings {
+    /// Log lines for people, or JSON for machines (the `--log-format` flag is global).
+    #[arg(skip)]
+    pub log_format: Option<LogFormat>,
+    /// The database: postgres://… or sqlite:…; a PostgreSQL URL may end in
+    /// `?connect_timeout=SECONDS` [default: 5].
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        help_heading = "Database"
+    )]
+    pub database_url: Option<Secret>,
+    /// A file holding the database URL, such as a mounted secret.
+    #[arg(long, env = "DATABASE_URL_FILE", help_heading = "Database")]
+    pub database_url_file: Option<PathBuf>,
+    /// Rows per batch [default: 500].
+    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
+    pub batch_size: Option<usize>,
+    /// Longest idle wait between polls (adaptive: 1ms after work, doubling while idle) [default: 100ms].
+    #[arg(long)]
+    pub poll_interval: Option<Wait>,
+    /// Mark published rows, or delete them [default: mark].
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
+    /// Topic of events with no topic of their own [default: outbox.event.{aggregate_type}].
+    #[arg(long)]
+    pub topic_template: Option<String>,
+    /// Park events whose type no event type in this binary registers.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub strict: bool,
+    /// Poll, or LISTEN/NOTIFY on PostgreSQL [default: poll].
+    #[arg(long, value_enum)]
+    pub wakeup: Option<Wakeup>,
+    /// How often replicas rebalance their shards [default: 1s].
+    #[arg(long)]
+    pub lease_refresh: Option<Wait>,
+    /// Delete published events older than this, such as 7d; `off` keeps them [default: 7d].
+    #[arg(long)]
+    pub retention: Option<Retention>,
+    /// How often to prune [default: 1m].
+    #[arg(long)]
+    pub prune_interval: Option<Wait>,
+    /// Publish an aggregate's later events even while an earlier one is parked (breaks its order).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub skip_parked: bool,
+    /// Where to serve /metrics, /healthz and /readyz, or `off` [default: 127.0.0.1:9187].
+    #[arg(long, env = "OUTBOX_HTTP_ADDR")]
+    pub http_addr: Option<HttpAddr>,
+    /// The sink: the `[sink]` table of the file.
+    #[command(flatten)]
+    #[serde(default, skip_serializing_if = "SinkSettings::is_empty")]
+    pub sink: SinkSettings,
+}
+
+/// The `[sink]` table, and the sink flags.
+#[derive(Debug, Default, Args, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SinkSettings {
+    /// Where to publish [default: kafka].
+    #[arg(long = "sink", value_enum, env = "OUTBOX_SINK", help_heading = "Sink")]
+    #[serde(rename = "type")]
+    pub kind: Option<SinkKind>,
+
+    /// Kafka bootstrap servers, host:port[,host:port…].
+    #[arg(
+        long = "kafka-brokers",
+        env = "KAFKA_BROKERS",
+        help_heading = "Kafka sink"
+    )]
+    pub brokers: Option<String>,
+    /// A librdkafka producer setting, KEY=VALUE (security.protocol, sasl.mechanism, ssl.ca.location,
+    /// ...); repeat for more. Secrets: OUTBOX_KAFKA_OPTION_<KEY>[_FILE] instead.
+    #[arg(long = "kafka-option", value_name = "KEY=VALUE", value_parser = key_value, help_heading = "Kafka sink")]
+    #[serde(default, with = "options_table", skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<(String, String)>,
+
+    /// Pulsar service URL, pulsar://host:port or pulsar+ssl://host:port.
+    #[cfg(feature = "pulsar")]
+    #[arg(long = "pulsar-url", env = "PULSAR_URL", help_heading = "Pulsar sink")]
+    pub url: Option<String>,
+    /// Pulsar tenant of the topics [default: public].
+    #[cfg(feature = "pulsar")]
+    #[arg(long = "pulsar-tenant", help_heading = "Pulsar sink")]
+    pub tenant: Option<String>,
+    /// Pulsar namespace of the topics [default: default].
+    #[cfg(feature = "pulsar")]
+    #[arg(long = "pulsar-namespace", help_heading = "Pulsar sink")]
+    pub namespace: Option<String>,
+    /// Largest payload sent to Pulsar; larger events are parked [default: 5 MiB less 16 KiB].
+    #[cfg(feature = "pulsar")]
+    #[arg(long = "pulsar-max-message-bytes", help_heading = "Pulsar sink")]
+    pub max_message_bytes: Option<usize>,
+    /// Pulsar authentication token (JWT).
+    #[cfg(feature = "pulsar")]
+    #[arg(
+        long = "pulsar-token",
+        env = "PULSAR_TOKEN",
+        hide_env_values = true,
+        help_heading = "Pulsar sink"
+    )]
+    pub token: Option<Secret>,
+    /// A file holding the Pulsar token, such as a mounted secret.
+    #[cfg(feature = "pulsar")]
+    #[arg(
+        long = "pulsar-token-file",
+        env = "PULSAR_TOKEN_FILE",
+        help_heading = "Pulsar sink"
+    )]
+    pub token_file: Option<PathBuf>,
+    /// PEM file of the certificate authorities trusted for pulsar+ssl:// [default: the system's].
+    #[cfg(feature = "pulsar")]
+    #[arg(
+        long = "pulsar-tls-ca-file",
+        env = "PULSAR_TLS_CA_FILE",
+        help_heading = "Pulsar sink"
+    )]
+    pub tls_ca_file: Option<PathBuf>,
+    /// Check the broker certificate's host name [default: true].
+    #[cfg(feature = "pulsar")]
+    #[arg(
+        long = "pulsar-tls-hostname-verification",
+        value_name = "BOOL",
+        help_heading = "Pulsar sink"
+    )]
+    pub tls_hostname_verification: Option<bool>,
+    /// Accept any broker certificate, unverified (tests only) [default: false].
+    #[cfg(feature = "pulsar")]
+    #[arg(
+        long = "pulsar-tls-allow-insecure",
+        value_name = "BOOL",
+        help_heading = "Pulsar sink"
+    )]
+    pub tls_allow_insecure: Option<bool>,
+    /// OAuth 2.0 issuer URL, for client-credentials authentication.
+    #[cfg(feature = "pulsar-oauth2")]
+    #[arg(long = "pulsar-oauth2-issuer-url", help_heading = "Pulsar sink")]
+    pub oauth2_issuer_url: Option<String>,
+    /// OAuth 2.0 key file as a file:// or data: URL (it holds client_id and client_secret).
+    #[cfg(feature = "pulsar-oauth2")]
+    #[arg(
+        long = "pulsar-oauth2-credentials-url",
+        env = "PULSAR_OAUTH2_CREDENTIALS_URL",
+        hide_env_values = true,
+        help_heading = "Pulsar sink"
+    )]
+    pub oauth2_credentials_url: Option<Secret>,
+    /// A file holding the OAuth 2.0 credentials URL.
+    #[cfg(feature = "pulsar-oauth2")]
+    #[arg(
+        long = "pulsar-oauth2-credentials-url-file",
+        help_heading = "Pulsar sink"
+    )]
+    pub oauth2_credentials_url_file: Option<PathBuf>,
+    /// OAuth 2.0 audience.
+    #[cfg(feature = "pulsar-oauth2")]
+    #[arg(long = "pulsar-oauth2-audience", help_heading = "Pulsar sink")]
+    pub oauth2_audience: Option<String>,
+    /// OAuth 2.0 scope.
+    #[cfg(feature = "pulsar-oauth2")]
+    #[arg(long = "pulsar-oauth2-scope", help_heading = "Pulsar sink")]
+    pub oauth2_scope: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum SinkKind {
+    #[cfg(feature = "kafka")]
+    Kafka,
+    #[cfg(feature = "pulsar")]
+    Pulsar,
+    Stdout,
+}
+
+/// A duration written for people: `100ms`, `2s`, `7d`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub(super) struct Wait(pub Duration);
+
+/// `retention`: a duration, or `off`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub(super) struct Retention(pub Option<Duration>);
+
+/// `http_addr`: an address, or `off`.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub(super) struct HttpAddr(pub Option<std::net::SocketAddr>);
+
+const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9187";
+
+/// Settings that name a secret, and so also take a `_file` form.
+const SECRET_FILE_KEYS: [&str; 3] = ["database_url", "sink.token", "sink.oauth2_credentials_url"];
+
+/// The prefix of environment variables that set librdkafka options.
+const KAFKA_OPTION_PREFIX: &str = "OUTBOX_KAFKA_OPTION_";
+
+/// Reads the layers and merges them: `flags` (with their environment variables) over the
+/// `OUTBOX_KAFKA_OPTION_*` variables over the file at `config` over the defaults.
+pub(super) fn load(config: Option<&Path>, flags: &impl Serialize) -> Result<Settings, UsageError> {
+    let mut merged = match config {
+        Some(path) => file_layer(path)?,
+        None => Table::new(),
+    };
+    merge(&mut merged, kafka_env_layer(std::env::vars())?);
+    let mut flags = Table::try_from(flags)
+        .map_err(|e| UsageError(format!("flags: {}", one_line(&e.to_string()))))?;
+    read_secret_files(&mut flags)?;
+    merge(&mut merged, flags);
+    Settings::deserialize(merged)
+        .map_err(|e| UsageError(format!("settings: {}", one_line(e.message()))))
+}
+
+/// The config file: checked against [`Settings`] (so a bad key or value is reported at its line),
+/// then with `${…}` expanded and `_file` secrets read.
+fn file_layer(path: &Path) -> Result<Table, UsageError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| UsageError(format!("cannot read config file {}: {e}", path.display())))?;
+    let at = |e: toml::de::Error| {
+        let message = one_line(e.message());
+        match e.span() {
+            Some(span) => {
+                let line = text[..span.start].matches('\n').count() + 1;
+                UsageError(format!(
+                    "config file {}, line {line}: {message}",
+                    path.display()
+                ))
+            }
+            None => UsageError(format!("config file {}: {message}", path.display())),
+        }
+    };
+    toml::from_str::<Settings>(&text).map_err(at)?;
+    let mut table: Table = toml::from_str(&text).map_err(at)?;
+    expand_table(&mut table, "")
+        .map_err(|e| UsageError(format!("config file {}: {}", path.display(), e.0)))?;
+    read_secret_files(&mut table)?;
+    Ok(table)
+}
+
+/// `OUTBOX_KAFKA_OPTION_SASL_PASSWORD=x` is `sasl.password = "x"` in `[sink] options`; with
+/// `_FILE`, the value is read from the file the variable names.
+fn kafka_env_layer(vars: impl Iterator<Item = (String, String)>) -> Result<Table, UsageError> {
+    let mut options = Table::new();
+    for (name, value) in vars {
+        let Some(key) = name.strip_prefix(KAFKA_OPTION_PREFIX) else {
+            continue;
+        };
+        let (key, value) = match key.strip_suffix("_FILE") {
+            Some(key) => (key, read_secret(Path::new(&value), &name)?),
+            None => (key, value),
+        };
+        options.insert(
+            key.to_ascii_lowercase().replace('_', "."),
+            Value::String(value),
+        );
+    }
+    let mut layer = Table::new();
+    if !options.is_empty() {
+        let mut sink = Table::new();
+        sink.insert("options".into(), Value::Table(options));
+        layer.insert("sink".into(), Value::Table(sink));
+    }
+    Ok(layer)
+}
+
+/// Puts `upper` over `lower`: tables merge key by key, anything else is replaced.
+fn merge(lower: &mut Table, upper: Table) {
+    for (key, value) in upper {
+        match (lower.get_mut(&key), value) {
+            (Some(Value::Table(lower)), Value::Table(upper)) => merge(lower, upper),
+            (_, value) => {
+                lower.insert(key, value);
+            }
+        }
+    }
+}
+
+/// Replaces each `KEY_file` of [`SECRET_FILE_KEYS`] in `table` by `KEY` with the file's content.
+fn read_secret_files(table: &mut Table) -> Result<(), UsageError> {
+    for path in SECRET_FILE_KEYS {
+        let (parent, key) = match path.split_once('.') {
+            Some((parent, key)) => match table.get_mut(parent) {
+                Some(Value::Table(parent)) => (parent, key),
+                _ => continue,
+            },
+            None => (&mut *table, path),
+        };
+        let file_key = format!("{key}_file");
+        if let Some(file) = parent.remove(&file_key) {
+            let Value::String(file) = file else {
+                return Err(UsageError(format!("`{file_key}` must be a file path")));
+            };
+            let secret = read_secret(Path::new(&file), &file_key)?;
+            parent.insert(key.to_owned(), Value::String(secret));
+        }
+    }
+    Ok(())
+}
+
+/// A secret kept in a file: its content less the final newline that editors and `echo` add.
+fn read_secret(path: &Path, setting: &str) -> Result<String, UsageError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| UsageError(format!("{setting}: cannot read {}: {e}", path.display())))?;
+    Ok(text
+        .strip_suffix('\n')
+        .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t))
+        .to_owned())
+}
+
+/// Expands `${NAME}` and `${file:PATH}` in every string of `table`.
+fn expand_table(table: &mut Table, path: &str) -> Result<(), UsageError> {
+    for (key, value) in table.iter_mut() {
+        let at = if path.is_empty() {
+            key.clone()
+        } else {
+            format!("{path}.{key}")
+        };
+        expand_value(value, &at)?;
+    }
+    Ok(())
+}
+
+fn expand_value(value: &mut Value, at: &str) -> Result<(), UsageError> {
+    match value {
+        Value::String(text) => *text = expand(text, at)?,
+        Value::Table(table) => expand_table(table, at)?,
+        Value::Array(items) => {
+            for item in items {
+                expand_value(item, at)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `text` with `${NAME}` replaced by the environment variable, `${file:PATH}` by the file's
+/// content, and `$${` by `${`.
+fn expand(text: &str, at: &str) -> Result<String, UsageError> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find('$') {
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        if let Some(after) = rest.strip_prefix("$${") {
+            out.push_str("${");
+            rest = after;
+        } else if let Some(after) = rest.strip_prefix("${") {
+            let end = after
+                .find('}')
+                .ok_or_else(|| UsageError(format!("`{at}`: `${{` without a closing `}}`")))?;
+            let name = &after[..end];
+            let value = match name.strip_prefix("file:") {
+                Some(file) => read_secret(Path::new(file), at)?,
+                None => std::env::var(name).map_err(|_| {
+                    UsageError(format!("`{at}` uses ${{{name}}}, which is not set"))
+                })?,
+            };
+            out.push_str(&value);
+            rest = &after[end + 1..];
+        } else {
+            out.push('$');
+            rest = &rest[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+impl Settings {
+    /// The database URL, checked.
+    pub(super) fn database_url(&self) -> Result<String, UsageError> {
+        let url = self
+            .database_url
+            .as_ref()
+            .map(Secret::expose)
+            .ok_or_else(|| {
+                UsageError(
+                    "no database: pass --database-url or --database-url-file, set DATABASE_URL or \
+                 DATABASE_URL_FILE, or set database_url in --config"
+                        .into(),
+                )
+            })?;
+        let valid = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let (url, _) = crate::outbox_table::connect_timeout(url);
+            sqlx::postgres::PgConnectOptions::from_str(&url).map(drop)
+        } else if url.starts_with("sqlite:") {
+            sqlx::sqlite::SqliteConnectOptions::from_str(url).map(drop)
+        } else {
+            return Err(UsageError(format!(
+                "database URL {} must start with postgres://, postgresql:// or sqlite:",
+                crate::redact_url(url)
+            )));
+        };
+        valid.map_err(|e| {
+            UsageError(format!(
+                "bad database URL {}: {}",
+                crate::redact_url(url),
+                one_line(&e.to_string())
+            ))
+        })?;
+        Ok(url.to_owned())
+    }
+
+    /// The topic template, or the default.
+    pub(super) fn topic_template(&self) -> String {
+        self.topic_template
+            .clone()
+            .unwrap_or_else(|| crate::DEFAULT_TOPIC_TEMPLATE.into())
+    }
+
+    /// Where to serve the endpoints, if anywhere.
+    pub(super) fn http_addr(&self) -> Option<std::net::SocketAddr> {
+        self.http_addr
+            .unwrap_or_else(|| DEFAULT_HTTP_ADDR.parse().expect("the default address"))
+            .0
+    }
+
+    /// The relay's configuration.
+    pub(super) fn relay_config(&self) -> Result<RelayConfig, UsageError> {
+        let mut config = RelayConfig::new(self.database_url()?);
+        if let Some(n) = self.batch_size {
+            if n == 0 {
+                return Err(UsageError("batch size must be at least 1".into()));
+            }
+            config.batch_size = n;
+        }
+        if let Some(Wait(d)) = self.poll_interval {
+            config.poll_interval = d;
+        }
+        if let Some(Wait(d)) = self.lease_refresh {
+            config.lease_refresh = d;
+        }
+        if let Some(Retention(r)) = self.retention {
+            config.retention = r;
+        }
+        if let Some(Wait(d)) = self.prune_interval {
+            config.prune_interval = d;
+        }
+        config.skip_parked = self.skip_parked;
+        config.mode = self.mode.unwrap_or_default();
+        config.wakeup = self.wakeup.unwrap_or_default();
+        config.strict = self.strict;
+        config.topic_template = self.topic_template();
+        if config.wakeup == Wakeup::Notify && config.database_url.starts_with("sqlite:") {
+            return Err(UsageError("--wakeup notify needs PostgreSQL".into()));
+        }
+        Ok(config)
+    }
+
+    /// The sink's configuration.
+    pub(super) fn sink_config(&self) -> Result<SinkConfig, UsageError> {
+        #[cfg(feature = "kafka")]
+        let default = SinkKind::Kafka;
+        #[cfg(not(feature = "kafka"))]
+        let default = SinkKind::Stdout;
+        let sink = &self.sink;
+        match sink.kind.unwrap_or(default) {
+            SinkKind::Stdout => Ok(SinkConfig::Stdout),
+            #[cfg(feature = "kafka")]
+            SinkKind::Kafka => {
+                let brokers = sink.brokers.clone().unwrap_or_default();
+                if brokers.trim().is_empty() {
+                    return Err(UsageError(
+                        "the kafka sink needs brokers: --kafka-brokers, KAFKA_BROKERS or `brokers` in [sink]".into(),
+                    ));
+                }
+                let mut kafka = crate::sink::kafka::KafkaConfig::new(brokers);
+                kafka.options.extend(sink.options.iter().cloned());
+                Ok(SinkConfig::Kafka(kafka))
+            }
+            #[cfg(feature = "pulsar")]
+            SinkKind::Pulsar => {
+                use outbox_core::pulsar_client::PulsarAuth;
+                let url = sink.url.clone().unwrap_or_default();
+                if url.trim().is_empty() {
+                    return Err(UsageError(
+                        "the pulsar sink needs a service URL: --pulsar-url, PULSAR_URL or `url` in [sink]".into(),
+                    ));
+                }
+                let mut pulsar = crate::sink::pulsar::PulsarConfig::new(url);
+                if let Some(tenant) = &sink.tenant {
+                    pulsar.tenant = tenant.clone();
+                }
+                if let Some(namespace) = &sink.namespace {
+                    pulsar.namespace = namespace.clone();
+                }
+                if let Some(bytes) = sink.max_message_bytes {
+                    pulsar.max_message_bytes = bytes;
+                }
+                let connection = &mut pulsar.connection;
+                connection.auth = sink.token.clone().map(PulsarAuth::Token);
+                #[cfg(feature = "pulsar-oauth2")]
+                if let Some(issuer_url) = &sink.oauth2_issuer_url {
+                    if connection.auth.is_some() {
+                        return Err(UsageError(
+                            "pulsar: set a token or OAuth 2.0, not both".into(),
+                        ));
+                    }
+                    connection.auth = Some(PulsarAuth::OAuth2 {
+                        issuer_url: issuer_url.clone(),
+                        credentials_url: sink.oauth2_credentials_url.clone().ok_or_else(|| {
+                            UsageError("pulsar: OAuth 2.0 needs a credentials URL".into())
+                        })?,
+                        audience: sink.oauth2_audience.clone(),
+                        scope: sink.oauth2_scope.clone(),
+                    });
+                }
+                connection.tls_ca_file = sink.tls_ca_file.clone();
+                if let Some(verify) = sink.tls_hostname_verification {
+                    connection.tls_hostname_verification = verify;
+                }
+                if let Some(insecure) = sink.tls_allow_insecure {
+                    connection.tls_allow_insecure = insecure;
+                }
+                Ok(SinkConfig::Pulsar(pulsar))
+            }
+        }
+    }
+}
+
+impl SinkSettings {
+    fn is_empty(&self) -> bool {
+        Table::try_from(self).map_or(true, |t| t.is_empty())
+    }
+}
+
+fn is_false(value: &bool) -> bool {
+    !value
+}
+
+/// The first line of a message, for one-line errors.
+pub(super) fn one_line(text: &str) -> String {
+    text.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+        _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration such as 100ms or 2s: {e}"))
+}
+
+impl FromStr for Wait {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        duration(text).map(Wait)
+    }
+}
+
+impl TryFrom<String> for Wait {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<Wait> for String {
+    fn from(Wait(d): Wait) -> String {
+        humantime::format_duration(d).to_string()
+    }
+}
+
+impl FromStr for Retention {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "off" | "none" => Ok(Retention(None)),
+            _ => duration(text).map(|d| Retention(Some(d))),
+        }
+    }
+}
+
+impl TryFrom<String> for Retention {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<Retention> for String {
+    fn from(Retention(d): Retention) -> String {
+        d.map_or("off".into(), |d| humantime::format_duration(d).to_string())
+    }
+}
+
+impl FromStr for HttpAddr {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "off" | "none" => Ok(HttpAddr(None)),
+            _ => text
+                .parse()
+                .map(|a| HttpAddr(Some(a)))
+                .map_err(|_| format!("`{text}` is not an address such as 127.0.0.1:9187, or off")),
+        }
+    }
+}
+
+impl TryFrom<String> for HttpAddr {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl From<HttpAddr> for String {
+    fn from(HttpAddr(a): HttpAddr) -> String {
+        a.map_or("off".into(), |a| a.to_string())
+    }
+}
+
+/// `[sink] options` is a table in the file and repeated `KEY=VALUE` flags on the command line.
+mod options_table {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::collections::BTreeMap;
+
+    pub fn serialize<S: Serializer>(options: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+        let table: BTreeMap<&str, &str> = options
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        table.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, String)>, D::Error> {
+        Ok(BTreeMap::<String, String>::deserialize(d)?
+            .into_iter()
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upper_layers_win_key_by_key() {
+        let mut lower: Table = toml::from_str(
+            "batch_size = 10\nmode = \"mark\"\n[sink]\nbrokers = \"a:1\"\noptions = { \"linger.ms\" = \"5\", \"acks\" = \"all\" }",
+        )
+        .unwrap();
+        let upper: Table =
+            toml::from_str("batch_size = 20\n[sink]\noptions = { \"linger.ms\" = \"1\" }").unwrap();
+        merge(&mut lower, upper);
+        let settings = Settings::deserialize(lower).unwrap();
+        assert_eq!(settings.batch_size, Some(20));
+        assert_eq!(settings.mode, Some(Mode::Mark));
+        assert_eq!(settings.sink.brokers.as_deref(), Some("a:1"));
+        assert_eq!(
+            settings.sink.options,
+            vec![
+                ("acks".into(), "all".into()),
+                ("linger.ms".into(), "1".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn unset_flags_leave_lower_layers_alone() {
+        let flags = Table::try_from(Settings::default()).unwrap();
+        assert!(flags.is_empty(), "{flags:?}");
+    }
+
+    #[test]
+    fn kafka_options_come_from_the_environment_and_files() {
+        let file = std::env::temp_dir().join(format!("outbox-kafka-secret-{}", std::process::id()));
+        std::fs::write(&file, "from-a-file\n").unwrap();
+        let layer = kafka_env_layer(
+            [
+                (
+                    "OUTBOX_KAFKA_OPTION_SASL_USERNAME".to_owned(),
+                    "relay".to_owned(),
+                ),
+                (
+                    "OUTBOX_KAFKA_OPTION_SASL_PASSWORD_FILE".to_owned(),
+                    file.display().to_string(),
+                ),
+                ("OUTBOX_KAFKA_PID".to_owned(), "12".to_owned()),
+            ]
+            .into_iter(),
+        )
+        .unwrap();
+        let options = &layer["sink"]["options"];
+        assert_eq!(options["sasl.username"].as_str(), Some("relay"));
+        assert_eq!(options["sasl.password"].as_str(), Some("from-a-file"));
+        assert_eq!(options.as_table().unwrap().len(), 2);
+        std::fs::remove_file(file).unwrap();
+    }
+
+    #[test]
+    fn references_expand_and_dollars_escape() {
+        let name = format!("OUTBOX_TEST_EXPAND_{}", std::process::id());
+        assert!(expand(&format!("a ${{{name}}}"), "k").is_err());
+        assert_eq!(
+            expand("price: $5, $${HOME}", "k").unwrap(),
+            "price: $5, ${HOME}"
+        );
+        let home = std::env::var("PATH").unwrap();
+        assert_eq!(expand("${PATH}", "k").unwrap(), home);
+        let missing = expand("${file:/nonexistent/secret}", "sink.token").unwrap_err();
+        assert!(missing.0.contains("sink.token"), "{}", missing.0);
+    }
+
+    #[test]
+    fn a_secret_file_replaces_its_key() {
+        let file = std::env::temp_dir().join(format!("outbox-token-{}", std::process::id()));
+        std::fs::write(&file, "tok\n").unwrap();
+        let mut table: Table = toml::from_str(&format!(
+            "[sink]\ntoken = \"old\"\ntoken_file = \"{}\"",
+            file.display()
+        ))
+        .unwrap();
+        read_secret_files(&mut table).unwrap();
+        assert_eq!(table["sink"]["token"].as_str(), Some("tok"));
+        assert!(table["sink"].get("token_file").is_none());
+        std::fs::remove_file(file).unwrap();
+    }
+}
