@@ -14,7 +14,7 @@ use super::{HELD_BACK, Message, Sink, SinkError};
 use crate::redact::{is_secret_key, redact_options, redact_values};
 use futures::future::BoxFuture;
 use rdkafka::ClientContext;
-use rdkafka::config::ClientConfig;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
@@ -127,32 +127,65 @@ impl std::fmt::Debug for KafkaSink {
 /// the broker refuses this client.
 struct SinkContext {
     refused: watch::Sender<Option<String>>,
+    /// Whether the client talks to the broker without TLS.
+    plaintext: bool,
+}
+
+impl SinkContext {
+    fn refuse(&self, reason: &str) {
+        if self.refused.borrow().is_none() {
+            tracing::error!(%reason, "kafka refuses the relay's connection");
+        }
+        self.refused.send_replace(Some(reason.to_owned()));
+    }
 }
 
 impl ClientContext for SinkContext {
     fn error(&self, error: KafkaError, reason: &str) {
-        if is_refusal(&error, reason) {
-            let first = self.refused.borrow().is_none();
-            if first {
-                tracing::error!(%reason, "kafka refuses the relay's connection");
-            }
-            self.refused.send_replace(Some(reason.to_owned()));
+        let refused = matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::Authentication
+                    | RDKafkaErrorCode::SaslAuthenticationFailed
+                    | RDKafkaErrorCode::SSL
+            )
+        );
+        if refused {
+            self.refuse(reason);
         } else {
             tracing::warn!(error = %error, "kafka client: {reason}");
         }
     }
-}
 
-/// Whether a client-level error means the broker will not accept this client as configured.
-fn is_refusal(error: &KafkaError, reason: &str) -> bool {
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::Authentication
-                | RDKafkaErrorCode::SaslAuthenticationFailed
-                | RDKafkaErrorCode::SSL
-        )
-    ) || reason.contains("security.protocol")
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        // A plaintext client at a TLS listener shows only as a connection the broker drops while
+        // asked for its API versions, in an informational log line, not as an error.
+        let dropped_at_hello = facility == "FAIL"
+            && message.contains("Disconnected")
+            && message.contains("state APIVERSION_QUERY");
+        if self.plaintext && dropped_at_hello {
+            self.refuse(&format!(
+                "{message}: the listener may expect TLS; check security.protocol"
+            ));
+        } else if facility == "FAIL" && message.contains("security.protocol") {
+            self.refuse(message);
+        }
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", "{facility} {message}")
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(target: "librdkafka", "{facility} {message}")
+            }
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", "{facility} {message}");
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", "{facility} {message}"),
+        }
+    }
 }
 
 impl KafkaSink {
@@ -162,6 +195,8 @@ impl KafkaSink {
         for (key, value) in config.producer_settings() {
             client.set(key, value);
         }
+        // Informational lines too: the context reads connection failures from them.
+        client.set_log_level(RDKafkaLogLevel::Info);
         let secrets: Vec<String> = config.secret_values().map(str::to_owned).collect();
         let refused = watch::Sender::new(None);
         let producer = create(&client, &secrets, &refused)?;
@@ -352,8 +387,11 @@ fn create(
     secrets: &[String],
     refused: &watch::Sender<Option<String>>,
 ) -> Result<FutureProducer<SinkContext>, SinkError> {
+    let protocol = client.get("security.protocol").unwrap_or("plaintext");
     let context = SinkContext {
         refused: refused.clone(),
+        plaintext: protocol.eq_ignore_ascii_case("plaintext")
+            || protocol.eq_ignore_ascii_case("sasl_plaintext"),
     };
     client.create_with_context(context).map_err(|e| {
         let message = redact_values(&e.to_string(), secrets.iter().map(String::as_str));

@@ -314,7 +314,16 @@ fn classify(error: &pulsar::Error) -> SinkError {
         | pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(code, _)) => *code,
         _ => None,
     };
+    // The crate folds a connection failure it will not retry (authentication, TLS) into this one
+    // I/O error, and logs the cause itself.
+    let not_retried = |e: &ConnectionError| matches!(e, ConnectionError::Io(io) if io.to_string().contains("fatal error when connecting"));
     let refused = matches!(server_error, Some(ServerError::AuthenticationError))
+        || matches!(
+            error,
+            pulsar::Error::Connection(e)
+                | pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Connection(e))
+                | pulsar::Error::Producer(ProducerError::Connection(e)) if not_retried(e)
+        )
         || matches!(
             error,
             pulsar::Error::Connection(ConnectionError::Tls(_) | ConnectionError::Authentication(_))
@@ -337,7 +346,9 @@ fn classify(error: &pulsar::Error) -> SinkError {
     );
     let message = format!("pulsar: {error}");
     if refused {
-        SinkError::unavailable(format!("broker refuses the relay: {message}"))
+        SinkError::unavailable(format!(
+            "broker refuses the relay (authentication or TLS; the pulsar client logs the cause): {message}"
+        ))
     } else if permanent {
         SinkError::permanent(message)
     } else {

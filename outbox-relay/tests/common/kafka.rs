@@ -59,8 +59,19 @@ pub async fn consume(
     timeout: Duration,
     quiet: Duration,
 ) -> Vec<Received> {
+    consume_from(&brokers(), topics, expected, timeout, quiet).await
+}
+
+/// [`consume`] from the Kafka at `brokers` (plaintext).
+pub async fn consume_from(
+    brokers: &str,
+    topics: &[&str],
+    expected: usize,
+    timeout: Duration,
+    quiet: Duration,
+) -> Vec<Received> {
     let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
-    let brokers = brokers();
+    let brokers = brokers.to_owned();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &brokers)

@@ -3,6 +3,7 @@
 
 pub mod kafka;
 pub mod pulsar;
+pub mod secure;
 
 use outbox_core::Uuid;
 use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
