@@ -118,6 +118,8 @@ impl Relay {
         tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");
         let mut publish_backoff = self.backoff();
         let mut idle = self.idle_waits();
+        // While the broker refuses the relay, nothing is claimed before this; the leases are kept.
+        let mut refused_until: Option<Instant> = None;
 
         loop {
             // Stop between batches only: a batch in flight is always settled first.
@@ -138,6 +140,10 @@ impl Relay {
                 }
                 _ => vec![0],
             };
+            if let Some(until) = refused_until.filter(|until| Instant::now() < *until) {
+                wait(wake_at(until, leases.as_ref()), None, shutdown).await;
+                continue;
+            }
 
             // Claim the oldest unpublished rows of those shards whose aggregate is not blocked,
             // locked until settled.
@@ -173,7 +179,8 @@ impl Relay {
                     sink = self.sink.name(), %reason, retry_in = ?delay,
                     "the broker refuses the relay; events wait, untouched, until it accepts it"
                 );
-                delay
+                refused_until = Some(Instant::now() + delay);
+                continue;
             } else if outcome.published.is_empty() && !outcome.failed.is_empty() {
                 publish_backoff.next().unwrap_or(self.config.max_backoff)
             } else {
@@ -186,13 +193,12 @@ impl Relay {
                 }
                 idle.next().unwrap_or(self.config.poll_interval)
             };
-            let deadline = match &leases {
-                Some(leases) => {
-                    (Instant::now() + delay).min(Instant::from_std(leases.next_refresh()))
-                }
-                None => Instant::now() + delay,
-            };
-            wait(deadline, wakeups.as_ref(), shutdown).await;
+            wait(
+                wake_at(Instant::now() + delay, leases.as_ref()),
+                wakeups.as_ref(),
+                shutdown,
+            )
+            .await;
         }
     }
 
@@ -311,6 +317,14 @@ fn log_batch(claimed: usize, outcome: &Outcome) {
             first_error = first_error.or(outcome.parked.first().map(|(_, e)| e.as_str())),
             "batch partly published"
         );
+    }
+}
+
+/// `until`, or the next lease refresh if that comes first.
+fn wake_at(until: Instant, leases: Option<&Leases>) -> Instant {
+    match leases {
+        Some(leases) => until.min(Instant::from_std(leases.next_refresh())),
+        None => until,
     }
 }
 

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::secure::{Relay, Secure, secure, token_endpoint};
+use common::secure::{Relay, Secure, oidc_provider, secure};
 use common::{Fixture, http_get_when_up};
 use outbox_core::Secret;
 use outbox_core::consumer::ConsumerOptions;
@@ -47,7 +47,7 @@ async fn kafka_round_trip(s: &Secure, args: &[String], env: &[(String, String)])
     s.create_topics(&[&topic]).await;
     record(&f).await;
     let relay = Relay::start(&f, args, env, "warn");
-    f.wait_until_drained(Duration::from_secs(90)).await;
+    relay.wait_until_drained(&f, Duration::from_secs(90)).await;
     relay.stop();
     let received = common::kafka::consume_from(
         &s.internal,
@@ -152,7 +152,8 @@ async fn kafka_over_sasl_ssl_with_plain() {
 async fn kafka_over_sasl_ssl_with_oauthbearer_oidc() {
     let s = secure();
     let secret = format!("oidc-{}", outbox_core::Uuid::now_v7().simple());
-    let (endpoint, issued) = token_endpoint("relay-client", &secret, &s.user).await;
+    let (issuer, issued) = oidc_provider("relay-client", &secret, &s.user, None).await;
+    let endpoint = format!("{issuer}token");
     let args = kafka_args(
         &s.sasl_ssl,
         &[
@@ -220,7 +221,7 @@ async fn refused_then_fixed(
     );
 
     let relay = Relay::start(&f, good, &[], "warn");
-    f.wait_until_drained(Duration::from_secs(90)).await;
+    relay.wait_until_drained(&f, Duration::from_secs(90)).await;
     relay.stop();
     assert_eq!(
         f.scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
@@ -311,7 +312,7 @@ async fn a_topic_the_relay_may_not_write_or_that_does_not_exist_parks_only_its_r
     .await
     .unwrap();
     let relay = Relay::start(&f, &scram(&s, &s.password, "ca.pem"), &[], "warn");
-    f.wait_until_drained(Duration::from_secs(120)).await;
+    relay.wait_until_drained(&f, Duration::from_secs(120)).await;
     relay.stop();
     assert_eq!(
         f.scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
@@ -353,7 +354,7 @@ async fn the_kafka_consumer_loop_reads_over_sasl_ssl() {
     s.create_topics(&[&topic]).await;
     record(&f).await;
     let relay = Relay::start(&f, &scram(&s, &s.password, "ca.pem"), &[], "warn");
-    f.wait_until_drained(Duration::from_secs(90)).await;
+    relay.wait_until_drained(&f, Duration::from_secs(90)).await;
     relay.stop();
 
     let mut config = rdkafka::ClientConfig::new();
@@ -434,7 +435,7 @@ async fn pulsar_with_a_token_over_tls() {
         &owned(&[("PULSAR_TOKEN_FILE", &token_file.display().to_string())]),
         "warn",
     );
-    f.wait_until_drained(Duration::from_secs(90)).await;
+    relay.wait_until_drained(&f, Duration::from_secs(90)).await;
     relay.stop();
 
     let topic = common::pulsar::topic(&f.topic("secure"));
@@ -509,4 +510,49 @@ async fn an_untrusted_pulsar_certificate_parks_nothing() {
         "refuses the relay",
     )
     .await;
+}
+
+#[tokio::test]
+async fn pulsar_with_oauth2_client_credentials_over_tls() {
+    let s = secure();
+    let f = Fixture::new().await;
+    record(&f).await;
+    // The provider issues the broker-signed token; the relay gets it with its client credentials.
+    let secret = format!("oauth-{}", outbox_core::Uuid::now_v7().simple());
+    let (issuer, issued) = oidc_provider(
+        "relay-client",
+        &secret,
+        "relay",
+        Some(s.pulsar_token.clone()),
+    )
+    .await;
+    let key_file = outbox_tests::temp_dir().join("key.json");
+    std::fs::write(
+        &key_file,
+        format!(r#"{{"client_id":"relay-client","client_secret":"{secret}"}}"#),
+    )
+    .unwrap();
+    let mut args = pulsar_args(&s, "ca.pem");
+    args.extend([
+        "--pulsar-oauth2-issuer-url".into(),
+        issuer,
+        "--pulsar-oauth2-audience".into(),
+        "urn:pulsar:test".into(),
+    ]);
+    let env = owned(&[(
+        "PULSAR_OAUTH2_CREDENTIALS_URL",
+        &format!("file://{}", key_file.display()),
+    )]);
+    let relay = Relay::start(&f, &args, &env, "warn");
+    relay.wait_until_drained(&f, Duration::from_secs(90)).await;
+    relay.stop();
+    assert!(
+        issued.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the relay never asked the token endpoint"
+    );
+    assert_eq!(
+        f.scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .await,
+        EVENTS
+    );
 }

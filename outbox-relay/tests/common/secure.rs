@@ -141,6 +141,20 @@ impl Relay {
         }
     }
 
+    /// Waits until the fixture's outbox is drained; on timeout, panics with the relay's log.
+    pub async fn wait_until_drained(&self, f: &Fixture, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while f.backlog().await > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "{} events still unpublished after {timeout:?}; the relay's log:\n{}",
+                f.backlog().await,
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until the log contains `needle` at least `count` times.
     pub async fn wait_for_log_count(&self, needle: &str, count: usize, timeout: Duration) {
         let deadline = Instant::now() + timeout;
@@ -196,25 +210,31 @@ pub fn base64url(bytes: &[u8]) -> String {
         .replace('/', "_")
 }
 
-/// An OAuth 2.0 token endpoint on loopback for the client-credentials flow: it checks the client's
-/// id and secret (HTTP Basic) and issues an unsecured JWT for `subject`, which the test broker's
-/// OAUTHBEARER validator accepts. Returns its URL and how many tokens it issued.
-pub async fn token_endpoint(
+/// An OpenID Connect provider on loopback, for the client-credentials flow: discovery
+/// (`/.well-known/openid-configuration`, `/jwks`) and a token endpoint (`/token`) that checks the
+/// client's id and secret (HTTP Basic) and issues `access_token`, or, without one, an unsecured JWT
+/// for `subject` (which the test Kafka's OAUTHBEARER validator accepts). Returns the issuer URL and
+/// how many tokens it issued.
+pub async fn oidc_provider(
     client_id: &str,
     client_secret: &str,
     subject: &str,
+    access_token: Option<String>,
 ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/token", listener.local_addr().unwrap());
+    // With the trailing slash: URL parsers add it, and discovery compares issuers exactly.
+    let issuer = format!("http://{}/", listener.local_addr().unwrap());
     let expected = format!(
         "Basic {}",
         base64(format!("{client_id}:{client_secret}").as_bytes())
     );
     let subject = subject.to_owned();
+    let (client_id, client_secret) = (client_id.to_owned(), client_secret.to_owned());
     let issued = std::sync::Arc::new(AtomicUsize::new(0));
     let counter = issued.clone();
+    let base = issuer.trim_end_matches('/').to_owned();
     tokio::spawn(async move {
         loop {
             let Ok((mut stream, _)) = listener.accept().await else {
@@ -244,37 +264,62 @@ pub async fn token_endpoint(
                 }
             }
             let text = String::from_utf8_lossy(&request);
-            let authorized = text.lines().any(|line| {
-                line.split_once(':').is_some_and(|(name, value)| {
-                    name.eq_ignore_ascii_case("authorization") && value.trim() == expected
-                })
-            });
-            let response = if authorized {
-                counter.fetch_add(1, Ordering::Relaxed);
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .unwrap()
-                    .as_secs();
-                let jwt = format!(
-                    "{}.{}.",
-                    base64url(br#"{"alg":"none"}"#),
-                    base64url(
-                        format!(r#"{{"sub":"{subject}","iat":{now},"exp":{}}}"#, now + 3600)
-                            .as_bytes()
-                    )
-                );
-                let body = format!(
-                    r#"{{"access_token":"{jwt}","token_type":"bearer","expires_in":3600}}"#
-                );
-                format!(
+            let path = text.split_whitespace().nth(1).unwrap_or("/").to_owned();
+            // Client credentials as HTTP Basic (librdkafka) or in the form body (the pulsar crate).
+            let form = text.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+            let in_form = form
+                .split('&')
+                .any(|p| p == format!("client_id={client_id}"))
+                && form
+                    .split('&')
+                    .any(|p| p == format!("client_secret={client_secret}"));
+            let authorized = in_form
+                || text.lines().any(|line| {
+                    line.split_once(':').is_some_and(|(name, value)| {
+                        name.eq_ignore_ascii_case("authorization") && value.trim() == expected
+                    })
+                });
+            let body = match path.as_str() {
+                "/.well-known/openid-configuration" => Some(format!(
+                    r#"{{"issuer":"{base}/","authorization_endpoint":"{base}/authorize","token_endpoint":"{base}/token","jwks_uri":"{base}/jwks","response_types_supported":["code"],"subject_types_supported":["public"],"id_token_signing_alg_values_supported":["RS256"]}}"#
+                )),
+                "/jwks" => Some(r#"{"keys":[]}"#.to_owned()),
+                "/token" if authorized => {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    let token = access_token
+                        .clone()
+                        .unwrap_or_else(|| unsecured_jwt(&subject));
+                    Some(format!(
+                        r#"{{"access_token":"{token}","token_type":"Bearer","expires_in":3600}}"#
+                    ))
+                }
+                _ => None,
+            };
+            let response = match body {
+                Some(body) => format!(
                     "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
-                )
-            } else {
-                "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()
+                ),
+                None => {
+                    "HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        .into()
+                }
             };
             let _ = stream.write_all(response.as_bytes()).await;
         }
     });
-    (url, issued)
+    (issuer, issued)
+}
+
+/// A JWT with no signature (`alg: none`) for `subject`, valid for an hour.
+fn unsecured_jwt(subject: &str) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    format!(
+        "{}.{}.",
+        base64url(br#"{"alg":"none"}"#),
+        base64url(format!(r#"{{"sub":"{subject}","iat":{now},"exp":{}}}"#, now + 3600).as_bytes())
+    )
 }
