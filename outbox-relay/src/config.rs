@@ -16,8 +16,11 @@ use std::time::Duration;
 /// config.poll_interval = Duration::from_millis(20);
 /// config.mode = Mode::Delete;
 /// assert_eq!(config.topic_template, "outbox.event.{aggregate_type}");
+///
+/// let config = RelayConfig::new("postgres://relay:s3cret@db/shop");
+/// assert!(!format!("{config:?}").contains("s3cret"));
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RelayConfig {
     /// `postgres://…` or `sqlite:…`. A PostgreSQL URL may end in `?connect_timeout=SECONDS`
@@ -73,5 +76,26 @@ impl RelayConfig {
             prune_interval: Duration::from_secs(60),
             metrics_interval: Duration::from_secs(5),
         }
+    }
+}
+
+/// The URL's password is masked: a configuration may be logged.
+impl std::fmt::Debug for RelayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayConfig")
+            .field("database_url", &crate::redact_url(&self.database_url))
+            .field("batch_size", &self.batch_size)
+            .field("poll_interval", &self.poll_interval)
+            .field("mode", &self.mode)
+            .field("topic_template", &self.topic_template)
+            .field("strict", &self.strict)
+            .field("wakeup", &self.wakeup)
+            .field("lease_refresh", &self.lease_refresh)
+            .field("max_backoff", &self.max_backoff)
+            .field("skip_parked", &self.skip_parked)
+            .field("retention", &self.retention)
+            .field("prune_interval", &self.prune_interval)
+            .field("metrics_interval", &self.metrics_interval)
+            .finish()
     }
 }

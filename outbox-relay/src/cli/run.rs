@@ -11,8 +11,8 @@ pub(super) async fn run(settings: &Settings) -> Result<ExitCode, UsageError> {
     let config = settings.relay_config()?;
     let sink_config = settings.sink_config()?;
     outbox_core::check_registrations().map_err(|e| UsageError(e.to_string()))?;
-    // The sink's settings with secrets masked: what an operator needs to see at start.
-    tracing::debug!(sink = ?sink_config, "sink settings");
+    // The settings in effect, secrets masked: what an operator needs to see at start.
+    tracing::debug!(relay = ?config, sink = ?sink_config, "settings");
     let sink = sink_config.build().map_err(|e| UsageError(e.to_string()))?;
     let relay = Arc::new(Relay::new(config, sink));
     let shutdown = shutdown_on_signals();
