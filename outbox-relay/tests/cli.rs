@@ -75,6 +75,16 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
         "bad database URL",
     );
     assert!(!line.contains("s3cret"), "the password leaked: {line}");
+    // The driver would log an unknown parameter with its value, and ignore it: refused by name.
+    let line = usage_error(
+        &[
+            "status",
+            "--database-url",
+            "postgres://app@db/shop?sslpassword=s3cret",
+        ],
+        "`sslpassword` is not supported",
+    );
+    assert!(!line.contains("s3cret"), "the password leaked: {line}");
     usage_error(
         &[
             "run",

@@ -453,6 +453,7 @@ impl Settings {
                 )
             })?;
         let valid = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            check_postgres_parameters(url)?;
             let (url, _) = crate::outbox_table::connect_timeout(url);
             sqlx::postgres::PgConnectOptions::from_str(&url).map(drop)
         } else if url.starts_with("sqlite:") {
@@ -588,6 +589,44 @@ impl Settings {
             }
         }
     }
+}
+
+/// The query parameters of a PostgreSQL URL that the driver (sqlx) reads, and `connect_timeout`,
+/// which the relay reads. sqlx logs any other parameter *with its value* and ignores it, so one such
+/// as libpq's `sslpassword` would both leak and do nothing: it is refused here, by name.
+fn check_postgres_parameters(url: &str) -> Result<(), UsageError> {
+    const KNOWN: [&str; 19] = [
+        "sslmode",
+        "ssl-mode",
+        "sslrootcert",
+        "ssl-root-cert",
+        "ssl-ca",
+        "sslcert",
+        "ssl-cert",
+        "sslkey",
+        "ssl-key",
+        "statement-cache-capacity",
+        "host",
+        "hostaddr",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "application_name",
+        "options",
+        "connect_timeout",
+    ];
+    let query = url.split_once('?').map_or("", |(_, query)| query);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let key = pair.split_once('=').map_or(pair, |(key, _)| key);
+        if !KNOWN.contains(&key) && !key.starts_with("options[") {
+            return Err(UsageError(format!(
+                "the database URL parameter `{key}` is not supported (known: {})",
+                KNOWN.join(", ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl SinkSettings {
