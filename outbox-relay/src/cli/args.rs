@@ -3,9 +3,9 @@
 //! The settings a command shares with the config file ([`Settings`](super::settings::Settings) and
 //! [`DatabaseArgs`]) are defined once, in `settings.rs`, and flattened in here.
 
-use super::settings::{DatabaseArgs, Settings};
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use serde::{Deserialize, Serialize};
+use super::settings::{DatabaseArgs, LogFormat, Settings};
+use clap::{Args, Parser, Subcommand};
+use serde::Serialize;
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]
@@ -88,13 +88,6 @@ pub(super) struct Select {
     /// The parked events of one aggregate, as TYPE:ID.
     #[arg(long, value_name = "TYPE:ID", value_parser = aggregate)]
     pub aggregate: Option<(String, String)>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum LogFormat {
-    Human,
-    Json,
 }
 
 fn aggregate(text: &str) -> Result<(String, String), String> {

@@ -1,7 +1,8 @@
 //! The `outbox-relay` command line: `run`, `migrate`, `routes`, `status`, `failed`.
 //!
 //! Settings come from flags, then environment variables, then the TOML file named by `--config`,
-//! then defaults ([`settings`] says how, and how secrets stay off the command line). A bad flag,
+//! then defaults (`layers.rs` says how, and how secrets stay off the command line; `settings.rs`
+//! lists every setting). A bad flag,
 //! URL or file prints one line on stderr (clap's own errors keep their tips) and exits with code 2,
 //! having done nothing.
 //!
@@ -10,11 +11,12 @@
 
 mod args;
 mod failed;
+mod layers;
 mod migrate;
 mod output;
 mod routes;
 mod run;
-pub mod settings;
+mod settings;
 mod status;
 
 use args::{Cli, Command};
@@ -50,7 +52,7 @@ pub fn main() -> ExitCode {
         Ok(loaded) => loaded,
         Err(e) => return output::usage_error(&e.0),
     };
-    output::init_logging(settings.log_format.unwrap_or(args::LogFormat::Human));
+    output::init_logging(settings.log_format.unwrap_or(settings::LogFormat::Human));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -76,11 +78,11 @@ pub fn main() -> ExitCode {
 fn load(cli: Cli) -> Result<(settings::Settings, Command), UsageError> {
     let config = cli.config.as_deref();
     let mut settings = match &cli.command {
-        Command::Run(flags) => settings::load(config, flags.as_ref())?,
+        Command::Run(flags) => layers::load(config, flags.as_ref())?,
         Command::Migrate { database, .. }
         | Command::Status(database)
-        | Command::Failed { database, .. } => settings::load(config, database)?,
-        Command::Routes(flags) => settings::load(config, flags)?,
+        | Command::Failed { database, .. } => layers::load(config, database)?,
+        Command::Routes(flags) => layers::load(config, flags)?,
     };
     if cli.log_format.is_some() {
         settings.log_format = cli.log_format;

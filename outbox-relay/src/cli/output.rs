@@ -1,6 +1,6 @@
 //! What the command line prints besides its results: logs, usage errors, failures.
 
-use super::args::LogFormat;
+use super::settings::LogFormat;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
