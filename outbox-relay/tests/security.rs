@@ -1,6 +1,7 @@
 //! Production connections, end to end: the relay and the consumer loops over Kafka's SSL (mutual
 //! TLS), SASL_SSL with SCRAM-SHA-512, PLAIN and OAUTHBEARER (OIDC client credentials), and Pulsar
-//! with a token over TLS, each read back by a separate client; refused credentials or TLS leave
+//! with a token or OAuth 2.0 over TLS, each read back by a separate client and consumed by the
+//! consumer loop over the same security; refused credentials or TLS leave
 //! every event untouched and say why on `/readyz`; a topic the relay may not write, or that does
 //! not exist, parks only its own rows.
 
@@ -39,9 +40,16 @@ fn assert_all_in_order(ns_by_key: BTreeMap<String, Vec<i64>>) {
     }
 }
 
-/// Publishes the fixture's events to Kafka with the relay started with `args` and `env`, then reads
-/// them back through the broker's admin listener.
-async fn kafka_round_trip(s: &Secure, args: &[String], env: &[(String, String)]) {
+/// Publishes the fixture's events to Kafka with the relay started with `args` and `env`, reads them
+/// back through the broker's admin listener, then consumes them with the consumer loop connected
+/// at `brokers` with the librdkafka settings `client`.
+async fn kafka_round_trip(
+    s: &Secure,
+    args: &[String],
+    env: &[(String, String)],
+    brokers: &str,
+    client: &[(&str, &str)],
+) {
     let f = Fixture::new().await;
     let topic = f.topic("secure");
     s.create_topics(&[&topic]).await;
@@ -65,6 +73,25 @@ async fn kafka_round_trip(s: &Secure, args: &[String], env: &[(String, String)])
             .push(m.json()["n"].as_i64().unwrap());
     }
     assert_all_in_order(by_key);
+
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("auto.offset.reset", "earliest");
+    for (key, value) in client {
+        config.set(*key, *value);
+    }
+    let consumer = KafkaConsumer::with_config(
+        config,
+        &[&topic],
+        ConsumerOptions::new(format!("{}-billing", f.prefix)),
+    )
+    .unwrap();
+    let consumed = consume_all(consumer.progress(), |shutdown| {
+        consumer.run(&f.db, |_, _| Box::pin(async { Ok(()) }), shutdown)
+    })
+    .await;
+    assert_eq!(consumed.applied, EVENTS as u64);
 }
 
 fn kafka_args(brokers: &str, options: &[(&str, &str)]) -> Vec<String> {
@@ -74,6 +101,17 @@ fn kafka_args(brokers: &str, options: &[(&str, &str)]) -> Vec<String> {
         args.push(format!("{k}={v}"));
     }
     args
+}
+
+/// The consumer's settings for SASL_SSL with `mechanism` and the test user.
+fn sasl_client<'a>(s: &'a Secure, mechanism: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("security.protocol", "SASL_SSL"),
+        ("ssl.ca.location", s.ca.as_str()),
+        ("sasl.mechanism", mechanism),
+        ("sasl.username", s.user.as_str()),
+        ("sasl.password", s.password.as_str()),
+    ]
 }
 
 fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -105,6 +143,14 @@ async fn kafka_over_mutual_tls() {
         &s,
         &["--config".into(), config.display().to_string()],
         &owned(&[("KAFKA_KEY_PASSWORD", &s.key_password)]),
+        &s.ssl,
+        &[
+            ("security.protocol", "SSL"),
+            ("ssl.ca.location", &s.ca),
+            ("ssl.certificate.location", &s.file("client.crt")),
+            ("ssl.key.location", &s.file("client.key")),
+            ("ssl.key.password", &s.key_password),
+        ],
     )
     .await;
 }
@@ -128,7 +174,8 @@ async fn kafka_over_sasl_ssl_with_scram_sha_512() {
         "OUTBOX_KAFKA_OPTION_SASL_PASSWORD_FILE",
         &file.display().to_string(),
     )]);
-    kafka_round_trip(&s, &args, &env).await;
+    let client = sasl_client(&s, "SCRAM-SHA-512");
+    kafka_round_trip(&s, &args, &env, &s.sasl_ssl, &client).await;
 }
 
 #[tokio::test]
@@ -145,7 +192,8 @@ async fn kafka_over_sasl_ssl_with_plain() {
         ],
     );
     let env = owned(&[("OUTBOX_KAFKA_OPTION_SASL_PASSWORD", &s.password)]);
-    kafka_round_trip(&s, &args, &env).await;
+    let client = sasl_client(&s, "PLAIN");
+    kafka_round_trip(&s, &args, &env, &s.sasl_ssl, &client).await;
 }
 
 #[tokio::test]
@@ -169,7 +217,16 @@ async fn kafka_over_sasl_ssl_with_oauthbearer_oidc() {
         "OUTBOX_KAFKA_OPTION_SASL_OAUTHBEARER_CLIENT_SECRET",
         &secret,
     )]);
-    kafka_round_trip(&s, &args, &env).await;
+    let client = [
+        ("security.protocol", "SASL_SSL"),
+        ("ssl.ca.location", s.ca.as_str()),
+        ("sasl.mechanism", "OAUTHBEARER"),
+        ("sasl.oauthbearer.method", "oidc"),
+        ("sasl.oauthbearer.client.id", "relay-client"),
+        ("sasl.oauthbearer.client.secret", secret.as_str()),
+        ("sasl.oauthbearer.token.endpoint.url", endpoint.as_str()),
+    ];
+    kafka_round_trip(&s, &args, &env, &s.sasl_ssl, &client).await;
     assert!(
         issued.load(std::sync::atomic::Ordering::Relaxed) > 0,
         "the relay never asked the token endpoint"
@@ -344,39 +401,6 @@ async fn a_topic_the_relay_may_not_write_or_that_does_not_exist_parks_only_its_r
     };
     assert!(reasons[0].contains("Authorization"), "{reasons:?}");
     assert!(reasons[1].contains("nknown topic"), "{reasons:?}");
-}
-
-#[tokio::test]
-async fn the_kafka_consumer_loop_reads_over_sasl_ssl() {
-    let s = secure();
-    let f = Fixture::new().await;
-    let topic = f.topic("secure");
-    s.create_topics(&[&topic]).await;
-    record(&f).await;
-    let relay = Relay::start(&f, &scram(&s, &s.password, "ca.pem"), &[], "warn");
-    relay.wait_until_drained(&f, Duration::from_secs(90)).await;
-    relay.stop();
-
-    let mut config = rdkafka::ClientConfig::new();
-    config
-        .set("bootstrap.servers", &s.sasl_ssl)
-        .set("auto.offset.reset", "earliest")
-        .set("security.protocol", "SASL_SSL")
-        .set("ssl.ca.location", s.file("ca.pem"))
-        .set("sasl.mechanism", "SCRAM-SHA-512")
-        .set("sasl.username", &s.user)
-        .set("sasl.password", &s.password);
-    let consumer = KafkaConsumer::with_config(
-        config,
-        &[&topic],
-        ConsumerOptions::new(format!("{}-billing", f.prefix)),
-    )
-    .unwrap();
-    let consumed = consume_all(consumer.progress(), |shutdown| {
-        consumer.run(&f.db, |_, _| Box::pin(async { Ok(()) }), shutdown)
-    })
-    .await;
-    assert_eq!(consumed.applied, EVENTS as u64);
 }
 
 /// Runs a consumer loop until it has applied every event, then stops it.

@@ -21,6 +21,8 @@ pub struct Secure {
     pub password: String,
     /// The folder of ca.pem, other-ca.pem, client.crt and client.key.
     pub tls: PathBuf,
+    /// ca.pem, the CA that signed the brokers' certificates.
+    pub ca: String,
     /// The password of client.key.
     pub key_password: String,
     /// Pulsar's TLS service URL, pulsar+ssl://…
@@ -49,6 +51,7 @@ pub fn secure() -> Secure {
         user: var("OUTBOX_SECURE_KAFKA_USER"),
         password: var("OUTBOX_SECURE_KAFKA_PASSWORD"),
         tls: PathBuf::from(var("OUTBOX_TLS_DIR")),
+        ca: format!("{}/ca.pem", var("OUTBOX_TLS_DIR")),
         key_password: var("OUTBOX_TLS_KEY_PASSWORD"),
         pulsar_tls_url: var("OUTBOX_PULSAR_TLS_URL"),
         pulsar_token: var("OUTBOX_PULSAR_TOKEN"),
