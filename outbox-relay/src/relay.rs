@@ -159,7 +159,11 @@ impl Relay {
             let results = if messages.is_empty() {
                 Vec::new()
             } else {
-                self.sink.publish(&messages).await
+                one_result_per_message(
+                    self.sink.name(),
+                    self.sink.publish(&messages).await,
+                    messages.len(),
+                )
             };
             let refused = self.record_results(&sent, &messages, results, &mut outcome);
 
@@ -318,6 +322,24 @@ fn log_batch(claimed: usize, outcome: &Outcome) {
             "batch partly published"
         );
     }
+}
+
+/// The sink's results, one per message as the [`Sink`] contract says. A sink that returns more or
+/// fewer fails the whole batch: nothing is marked, and every row is retried after its backoff.
+fn one_result_per_message(
+    sink: &str,
+    results: Vec<Result<(), SinkError>>,
+    sent: usize,
+) -> Vec<Result<(), SinkError>> {
+    if results.len() == sent {
+        return results;
+    }
+    let error = format!(
+        "sink `{sink}` returned {} results for {sent} messages",
+        results.len()
+    );
+    tracing::error!(%error, "the sink broke its contract; the batch will be retried");
+    vec![Err(SinkError::new(error)); sent]
 }
 
 /// `until`, or the next lease refresh if that comes first.

@@ -103,3 +103,66 @@ async fn a_custom_sink_gets_every_event_and_its_failures_are_retried_in_order() 
         "the aggregate's later event is held behind the failed one"
     );
 }
+
+/// A sink that breaks the contract: it returns `results` results whatever the batch.
+struct MiscountingSink {
+    results: usize,
+    calls: Arc<Mutex<usize>>,
+}
+
+impl Sink for MiscountingSink {
+    fn name(&self) -> &str {
+        "miscounting"
+    }
+
+    fn publish<'a>(&'a self, _batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+        *self.calls.lock().unwrap() += 1;
+        let results = (0..self.results).map(|_| Ok(())).collect();
+        Box::pin(async move { results })
+    }
+}
+
+#[tokio::test]
+async fn a_sink_that_returns_too_few_or_no_results_fails_its_batch_and_does_not_spin() {
+    for results in [0, 1] {
+        let f = Fixture::new().await;
+        f.db.execute_unprepared(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT gen_random_uuid(), 'cart', 'c-' || g, 'CartChanged', '{}' FROM generate_series(1, 10) g",
+        )
+        .await
+        .unwrap();
+        let calls = Arc::new(Mutex::new(0));
+        let sink = MiscountingSink {
+            results,
+            calls: calls.clone(),
+        };
+        let relay = Relay::new(f.relay_config(), sink);
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { relay.run(shutdown).await }
+        });
+        // Every row failed at least twice, with the reason.
+        f.wait_until_zero(
+            "SELECT count(*) FROM outbox WHERE attempts < 2 OR last_error NOT LIKE '%returned%results for%'",
+            Duration::from_secs(30),
+        )
+        .await;
+        shutdown.cancel();
+        running.await.unwrap();
+        assert_eq!(
+            f.scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+                .await,
+            0,
+            "a result was taken for a message the sink did not answer"
+        );
+        // No spin: the sink was called once per attempt of the batch, not in a tight loop.
+        let attempts = f.scalar("SELECT max(attempts)::bigint FROM outbox").await;
+        let calls = *calls.lock().unwrap() as i64;
+        assert!(
+            calls <= attempts + 1,
+            "{calls} calls for {attempts} attempts"
+        );
+    }
+}

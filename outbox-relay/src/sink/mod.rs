@@ -166,7 +166,8 @@ pub trait Sink: Send + Sync {
 
     /// Publishes the whole batch (sends pipelined: send all, then await every ack) and returns one
     /// result per message, in order. `Ok` means the broker acknowledged the message durably: the
-    /// relay marks a row published only then.
+    /// relay marks a row published only then. The relay checks the count: a sink that returns
+    /// more or fewer results fails the whole batch (nothing marked, every row retried later).
     ///
     /// Order: messages with the same key (one aggregate) must reach the broker in batch order, and
     /// once one of them is known to have failed, the later ones must not be sent at all (return an
