@@ -91,13 +91,17 @@ impl Envelope {
     /// Builds the envelope from a message's key, headers and value.
     pub fn from_parts<'a>(
         key: Option<&[u8]>,
-        headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+        headers_in: impl IntoIterator<Item = (&'a str, &'a [u8])>,
         payload: &[u8],
     ) -> Result<Self, EnvelopeError> {
-        let mut headers: BTreeMap<String, String> = headers
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), String::from_utf8_lossy(v).into_owned()))
-            .collect();
+        // The first value of a name wins: the contract's headers come first, so a later header of
+        // the same name cannot change the event's id or type.
+        let mut headers: BTreeMap<String, String> = BTreeMap::new();
+        for (name, value) in headers_in {
+            headers
+                .entry(name.to_owned())
+                .or_insert_with(|| String::from_utf8_lossy(value).into_owned());
+        }
         let mut take = |name: &'static str| {
             headers
                 .remove(name)
@@ -170,6 +174,23 @@ mod tests {
             ("event_version", &b"1"[..]),
         ];
         Envelope::from_parts(Some(b"1"), headers, payload)
+    }
+
+    #[test]
+    fn a_repeated_contract_header_cannot_change_the_event() {
+        let id = Uuid::now_v7().to_string();
+        let forged = Uuid::now_v7().to_string();
+        let headers = [
+            ("id", id.as_bytes()),
+            ("event_type", &b"Shipped"[..]),
+            ("aggregate_type", &b"order"[..]),
+            ("event_version", &b"1"[..]),
+            ("id", forged.as_bytes()),
+            ("event_type", &b"Refunded"[..]),
+        ];
+        let envelope = Envelope::from_parts(Some(b"1"), headers, b"{}").unwrap();
+        assert_eq!(envelope.id.to_string(), id);
+        assert_eq!(envelope.event_type, "Shipped");
     }
 
     #[test]

@@ -29,6 +29,19 @@ pub enum Error {
     #[error("outbox database error: {0}")]
     Database(#[from] sea_orm::DbErr),
 
+    /// An event carries a header whose name the broker contract sets (see
+    /// [`RESERVED_HEADERS`](crate::RESERVED_HEADERS)): it would change what consumers read as the
+    /// event's id or type. Nothing was written.
+    #[error(
+        "header `{name}` of event `{event_type}` is reserved: the relay sets it from the event itself"
+    )]
+    ReservedHeader {
+        /// The header.
+        name: String,
+        /// The event type that carried it.
+        event_type: String,
+    },
+
     /// The connection's backend is neither PostgreSQL nor SQLite.
     #[error("outbox supports PostgreSQL and SQLite, not {0:?}")]
     UnsupportedBackend(sea_orm::DbBackend),

@@ -145,6 +145,9 @@ impl NewEvent {
     }
 
     /// Adds a header that the relay forwards to the broker with the event.
+    ///
+    /// The names of [`RESERVED_HEADERS`](crate::RESERVED_HEADERS) belong to the contract: recording
+    /// an event that carries one fails with [`Error::ReservedHeader`](crate::Error::ReservedHeader).
     pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.headers.insert(name.into(), value.into());
         self

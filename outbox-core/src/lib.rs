@@ -67,6 +67,11 @@ pub use record::{record_all, record_new_events};
 pub use registry::{EventRegistration, check_registrations, registrations};
 pub use secret::Secret;
 
+/// The message headers the broker contract sets from the event itself: `id` (the consumers'
+/// deduplication key), `event_type`, `aggregate_type` and `event_version`. An application cannot
+/// set them: recording an event with one fails, and the relay parks a row that carries one.
+pub const RESERVED_HEADERS: [&str; 4] = ["id", "event_type", "aggregate_type", "event_version"];
+
 /// The derive macro; see [`OutboxEvent`](trait@OutboxEvent).
 #[cfg(feature = "derive")]
 pub use outbox_derive::OutboxEvent;

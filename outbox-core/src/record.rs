@@ -63,6 +63,18 @@ pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> 
     if events.is_empty() {
         return Ok(Vec::new());
     }
+    for event in &events {
+        if let Some(name) = event
+            .headers
+            .keys()
+            .find(|n| crate::RESERVED_HEADERS.contains(&n.as_str()))
+        {
+            return Err(Error::ReservedHeader {
+                name: name.clone(),
+                event_type: event.event_type.clone(),
+            });
+        }
+    }
     let backend = txn.get_database_backend();
     let sql = match backend {
         DbBackend::Postgres => POSTGRES_INSERT,

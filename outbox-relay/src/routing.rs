@@ -88,7 +88,16 @@ impl Router {
             ("event_version".to_owned(), row.event_version.to_string()),
         ];
         if let Some(stored) = &row.headers {
-            headers.extend(stored_headers(stored)?);
+            let stored = stored_headers(stored)?;
+            if let Some((name, _)) = stored
+                .iter()
+                .find(|(name, _)| outbox_core::RESERVED_HEADERS.contains(&name.as_str()))
+            {
+                return Err(format!(
+                    "header `{name}` is reserved: the contract sets it from the row itself"
+                ));
+            }
+            headers.extend(stored);
         }
         if !row.payload_valid {
             return Err("payload is not valid JSON".to_owned());
@@ -177,6 +186,14 @@ mod tests {
                 .unwrap_err()
                 .contains("JSON object")
         );
+        for reserved in outbox_core::RESERVED_HEADERS {
+            let json = format!(r#"{{"{reserved}": "forged"}}"#);
+            let reason = router.message(&row(Some(&json))).unwrap_err();
+            assert!(
+                reason.contains(&format!("header `{reserved}` is reserved")),
+                "{reason}"
+            );
+        }
         let mut bad_id = row(None);
         bad_id.id = "nope".into();
         assert!(router.message(&bad_id).unwrap_err().contains("not a UUID"));

@@ -135,6 +135,7 @@ on_every_backend!(
     declared_attributes_are_stored,
     record_all_writes_every_row_in_order,
     mixed_events_and_headers,
+    reserved_headers_are_refused_and_nothing_is_written,
 );
 
 async fn commit_keeps_state_and_event(db: DatabaseConnection) {
@@ -300,6 +301,25 @@ async fn mixed_events_and_headers(db: DatabaseConnection) {
     assert_eq!(rows[1].event_type, "order.shipped");
     assert_eq!(rows[1].headers, None);
     assert_eq!(rows[2].headers, Some(json!(single.headers)));
+}
+
+async fn reserved_headers_are_refused_and_nothing_is_written(db: DatabaseConnection) {
+    for name in outbox_core::RESERVED_HEADERS {
+        let txn = db.begin().await.unwrap();
+        let good = NewEvent::from_event(&order_created()).unwrap();
+        let forged = NewEvent::from_event(&order_created())
+            .unwrap()
+            .with_header(name, "forged");
+        let error = outbox_core::record_new_events(&txn, vec![good, forged])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, outbox_core::Error::ReservedHeader { name: n, .. } if n == name),
+            "{error}"
+        );
+        txn.commit().await.unwrap();
+    }
+    assert!(rows(&db).await.is_empty(), "an event was written");
 }
 
 #[test]
