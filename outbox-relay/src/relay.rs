@@ -34,6 +34,8 @@ pub struct Relay {
     config: RelayConfig,
     sink: Box<dyn Sink>,
     router: Router,
+    /// On SQLite, the lock file that makes this the database's only relay.
+    sqlite_lock: std::sync::Mutex<Option<std::fs::File>>,
 }
 
 impl Relay {
@@ -44,6 +46,47 @@ impl Relay {
             config,
             sink: Box::new(sink),
             router,
+            sqlite_lock: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// On SQLite, which allows one relay per database, takes the database's relay lock: a lock
+    /// file beside it (`shop.db.relay-lock`), held until the relay is dropped. Fails when another
+    /// relay holds it. [`run`](Self::run) takes it too; call this first to refuse to start with a
+    /// clear error. On PostgreSQL it does nothing: replicas share the work through shard leases.
+    pub fn lock_sqlite(&self) -> Result<(), String> {
+        use std::str::FromStr;
+        let url = &self.config.database_url;
+        if !url.starts_with("sqlite:") {
+            return Ok(());
+        }
+        let mut held = self.sqlite_lock.lock().expect("sqlite lock");
+        if held.is_some() {
+            return Ok(());
+        }
+        let options =
+            sqlx::sqlite::SqliteConnectOptions::from_str(url).map_err(|e| e.to_string())?;
+        let database = options.get_filename();
+        if database.as_os_str().is_empty() || database.as_os_str() == ":memory:" {
+            return Ok(());
+        }
+        let path = format!("{}.relay-lock", database.display());
+        let file = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("cannot open the relay lock {path}: {e}"))?;
+        match file.try_lock() {
+            Ok(()) => {
+                *held = Some(file);
+                Ok(())
+            }
+            Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+                "another relay already publishes {} (it holds {path}); a SQLite outbox allows one relay",
+                database.display()
+            )),
+            Err(std::fs::TryLockError::Error(e)) => Err(format!("cannot lock {path}: {e}")),
         }
     }
 
@@ -70,6 +113,10 @@ impl Relay {
     /// It never gives up: when the database or the broker fails, it logs, backs off (exponential,
     /// with jitter, up to `max_backoff`), reconnects and resumes where it stopped.
     pub async fn run(&self, shutdown: CancellationToken) {
+        if let Err(e) = self.lock_sqlite() {
+            tracing::error!(error = %e, "the relay does not start");
+            return;
+        }
         tokio::spawn(metrics::sample_backlog(
             self.config.database_url.clone(),
             self.config.metrics_interval,

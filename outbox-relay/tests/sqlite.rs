@@ -114,3 +114,72 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
         "{parked}"
     );
 }
+
+#[tokio::test]
+async fn a_second_relay_on_the_same_sqlite_file_refuses_to_start() {
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        outbox_tests::temp_dir().join("shop.db").display()
+    );
+    let migrate = common::relay_command()
+        .args(["migrate", "--database-url", &url])
+        .output()
+        .unwrap();
+    assert!(migrate.status.success());
+    let run = |stderr: Stdio| {
+        common::relay_command()
+            .env("OUTBOX_LOG", "info")
+            .args([
+                "run",
+                "--database-url",
+                &url,
+                "--sink",
+                "stdout",
+                "--http-addr",
+                "off",
+            ])
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap()
+    };
+    // Waits until a relay says it runs (it holds the lock by then).
+    let wait_running = |child: &mut std::process::Child| {
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        loop {
+            let line = lines.next().expect("the relay stopped").unwrap();
+            if line.contains("relay running") {
+                // Keep draining its log, so it never blocks on a full pipe.
+                std::thread::spawn(move || lines.for_each(drop));
+                return;
+            }
+        }
+    };
+    let mut first = run(Stdio::piped());
+    wait_running(&mut first);
+    let mut second = run(Stdio::piped());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = second.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            second.kill().unwrap();
+            common::terminate(&mut first);
+            panic!("a second relay is running on the same SQLite file");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another relay already publishes"),
+        "{stderr}"
+    );
+    assert_eq!(common::terminate(&mut first), Some(0));
+    // Once the first is gone, a relay starts again.
+    let mut third = run(Stdio::piped());
+    wait_running(&mut third);
+    assert_eq!(common::terminate(&mut third), Some(0));
+}

@@ -15,6 +15,9 @@ pub(super) async fn run(settings: &Settings) -> Result<ExitCode, UsageError> {
     tracing::debug!(relay = ?config, sink = ?sink_config, "settings");
     let sink = sink_config.build().map_err(|e| UsageError(e.to_string()))?;
     let relay = Arc::new(Relay::new(config, sink));
+    if let Err(e) = relay.lock_sqlite() {
+        return Ok(super::output::failure(&e));
+    }
     let shutdown = shutdown_on_signals();
     if let Some(addr) = settings.http_addr() {
         let listener = tokio::net::TcpListener::bind(addr)
