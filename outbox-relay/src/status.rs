@@ -19,6 +19,11 @@ impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "backlog:            {} events", self.backlog)?;
         match self.oldest_unpublished {
+            // A date far off (`-infinity`, a clock gone wrong) is said, not formatted.
+            Some(age) if age > CENTURY => writeln!(
+                f,
+                "oldest unpublished: over 100 years ago (check its created_at)"
+            )?,
             Some(age) => writeln!(
                 f,
                 "oldest unpublished: {} ago",
@@ -29,6 +34,8 @@ impl std::fmt::Display for Status {
         write!(f, "parked:             {} events", self.parked)
     }
 }
+
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// Reads the status of the outbox at `database_url`.
 pub async fn status(database_url: &str) -> Result<Status, sqlx::Error> {
@@ -43,7 +50,8 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
                 sqlx::query_as(
                     "SELECT count(*) FILTER (WHERE parked_at IS NULL),
                             count(*) FILTER (WHERE parked_at IS NOT NULL),
-                            extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL))::float8
+                            (extract(epoch FROM now())
+                             - extract(epoch FROM min(created_at) FILTER (WHERE parked_at IS NULL)))::float8
                      FROM outbox WHERE published_at IS NULL",
                 )
                 .fetch_one(&mut *conn)
@@ -63,6 +71,8 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
     Ok(Status {
         backlog,
         parked,
-        oldest_unpublished: oldest_seconds.map(|s| Duration::from_secs_f64(s.max(0.0))),
+        // Infinite timestamps give infinite ages: the longest duration, not a panic.
+        oldest_unpublished: oldest_seconds
+            .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)),
     })
 }

@@ -270,6 +270,29 @@ async fn status_reports_backlog_parked_and_age() {
     );
 }
 
+#[tokio::test]
+async fn status_of_an_event_dated_minus_infinity_prints_sensibly() {
+    let f = Fixture::new().await;
+    use outbox_core::sea_orm::ConnectionTrait;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) VALUES
+           (gen_random_uuid(), 'a', '1', 'E', '{}', '-infinity')",
+    )
+    .await
+    .unwrap();
+    let output = run(&["status", "--database-url", &f.url]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("oldest unpublished: over 100 years ago"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn status_of_an_unreachable_database_fails_with_exit_1() {
     let output = run(&[
