@@ -89,11 +89,15 @@ pub(crate) fn batch(claimed: usize, duration: Duration, outcome: &Outcome) {
     }
 }
 
-/// Records one event acked by the broker.
-pub(crate) fn published(topic: &str, created_ms: i64) {
+/// Records one event acked by the broker (its latency only when its creation time is a date).
+pub(crate) fn published(topic: &str, created_ms: Option<i64>) {
     metrics::counter!(PUBLISHED, "topic" => topic.to_owned()).increment(1);
-    let lag_ms = chrono::Utc::now().timestamp_millis() - created_ms;
-    metrics::histogram!(COMMIT_TO_ACK).record(lag_ms.max(0) as f64 / 1000.0);
+    if let Some(created_ms) = created_ms {
+        let lag_ms = chrono::Utc::now()
+            .timestamp_millis()
+            .saturating_sub(created_ms);
+        metrics::histogram!(COMMIT_TO_ACK).record(lag_ms.max(0) as f64 / 1000.0);
+    }
 }
 
 /// Records a database error that interrupted the relay.

@@ -26,8 +26,9 @@ pub(crate) struct OutboxRow {
     pub headers: Option<String>,
     /// Failed publish attempts so far.
     pub attempts: i32,
-    /// When it was recorded, in milliseconds since the Unix epoch.
-    pub created_ms: i64,
+    /// When it was recorded, in milliseconds since the Unix epoch; `None` for a date that is not
+    /// one (`infinity` on PostgreSQL, any text on SQLite): the row is published all the same.
+    pub created_ms: Option<i64>,
     /// Whether the payload is JSON: always on PostgreSQL (jsonb), checked by SQLite's
     /// `json_valid` there, where a TEXT column written by hand may hold anything.
     pub payload_valid: bool,
@@ -100,7 +101,8 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET plan_cache_mode = force
 pub const PG_CLAIM: &str = "
 SELECT o.id::text AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
        o.topic, o.payload::text AS payload, o.headers::text AS headers, o.attempts,
-       (extract(epoch FROM o.created_at) * 1000)::int8 AS created_ms, true AS payload_valid
+       CASE WHEN isfinite(o.created_at) THEN (extract(epoch FROM o.created_at) * 1000)::int8 END AS created_ms,
+       true AS payload_valid
 FROM outbox o
 WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
   AND NOT EXISTS (SELECT 1 FROM outbox p

@@ -146,7 +146,7 @@ mod tests {
             payload: r#"{"a": 1}"#.into(),
             headers: headers.map(str::to_owned),
             attempts: 0,
-            created_ms: 0,
+            created_ms: Some(0),
             payload_valid: true,
         }
     }

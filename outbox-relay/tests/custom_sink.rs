@@ -166,3 +166,65 @@ async fn a_sink_that_returns_too_few_or_no_results_fails_its_batch_and_does_not_
         );
     }
 }
+
+/// Runs a relay with a [`ListSink`] over `config` until `published` events went out.
+async fn publish_with_list(
+    config: outbox_relay::RelayConfig,
+    published: usize,
+) -> Vec<(String, i64)> {
+    let sink = ListSink::default();
+    let relay = Relay::new(config, sink.clone());
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while sink.published.lock().unwrap().len() < published {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {:?} published",
+            sink.published.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    running.await.unwrap();
+    let list = sink.published.lock().unwrap().clone();
+    list
+}
+
+#[tokio::test]
+async fn rows_whose_created_at_is_not_a_date_do_not_stop_the_claim() {
+    // PostgreSQL: infinite timestamps, which overflowed the claim's cast and failed every claim.
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) VALUES
+           (gen_random_uuid(), 'cart', 'a', 'E', '{}', 'infinity'),
+           (gen_random_uuid(), 'cart', 'b', 'E', '{}', '-infinity'),
+           (gen_random_uuid(), 'cart', 'c', 'E', '{}', now())",
+    )
+    .await
+    .unwrap();
+    let published = publish_with_list(f.relay_config(), 3).await;
+    assert_eq!(published.len(), 3, "{published:?}");
+
+    // SQLite: a created_at that is text, not a date.
+    let url = format!(
+        "sqlite://{}?mode=rwc",
+        outbox_tests::temp_dir().join("shop.db").display()
+    );
+    let db = outbox_core::sea_orm::Database::connect(&url).await.unwrap();
+    outbox_core::migration::migrate(&db).await.unwrap();
+    db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) VALUES
+           ('0193a000-0000-7000-8000-000000000001', 'cart', 'a', 'E', '{}', 'not a date'),
+           ('0193a000-0000-7000-8000-000000000002', 'cart', 'b', 'E', '{}', strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))",
+    )
+    .await
+    .unwrap();
+    let mut config = outbox_relay::RelayConfig::new(url);
+    config.poll_interval = Duration::from_millis(20);
+    let published = publish_with_list(config, 2).await;
+    assert_eq!(published.len(), 2, "{published:?}");
+}
