@@ -158,8 +158,13 @@ impl Relay {
             Some(conn) => Some(Leases::join(conn, self.config.lease_refresh).await?),
             None => None,
         };
+        // The listener lives as long as this connection's life: a reconnect replaces it.
+        let stop_listening = CancellationToken::new();
+        let _stop_listening = stop_listening.clone().drop_guard();
         let wakeups = match self.config.wakeup {
-            Wakeup::Notify => Some(wakeup::listen(&self.config.database_url).await?),
+            Wakeup::Notify => {
+                Some(wakeup::listen(&self.config.database_url, stop_listening).await?)
+            }
             Wakeup::Poll => None,
         };
         tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");

@@ -47,19 +47,30 @@ CREATE OR REPLACE TRIGGER outbox_notify AFTER INSERT ON outbox
 ";
 
 /// Starts listening on its own connection; the returned [`Notify`] fires on each notification.
-/// The listener reconnects by itself; while it is down, the relay still polls.
-pub(crate) async fn listen(database_url: &str) -> Result<Arc<Notify>, sqlx::Error> {
+/// The listener reconnects by itself; while it is down, the relay still polls. It stops, closing
+/// its connection, when `stop` is cancelled.
+pub(crate) async fn listen(
+    database_url: &str,
+    stop: tokio_util::sync::CancellationToken,
+) -> Result<Arc<Notify>, sqlx::Error> {
     let mut listener = PgListener::connect(database_url).await?;
     listener.listen(CHANNEL).await?;
     let notify = Arc::new(Notify::new());
     let waker = Arc::clone(&notify);
     tokio::spawn(async move {
         loop {
-            match listener.recv().await {
+            let received = tokio::select! {
+                () = stop.cancelled() => return,
+                received = listener.recv() => received,
+            };
+            match received {
                 Ok(_) => waker.notify_one(),
                 Err(e) => {
                     tracing::warn!(error = %e, "LISTEN connection failed; polling until it is back");
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                    }
                 }
             }
         }
