@@ -134,9 +134,9 @@ impl OutboxTable {
         if url.starts_with("sqlite:") {
             return Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?));
         }
-        let (url, timeout) = connect_timeout(url);
+        let (options, timeout) = postgres_options(url)?;
         let connect = async {
-            let mut conn = PgConnection::connect(&url).await?;
+            let mut conn = PgConnection::connect_with(&options).await?;
             sqlx::raw_sql(PG_SESSION).execute(&mut conn).await?;
             Ok(OutboxTable::Postgres(conn))
         };
@@ -231,6 +231,23 @@ pub(crate) fn connect_timeout(url: &str) -> (String, Duration) {
     } else {
         (format!("{base}?{}", rest.join("&")), timeout)
     }
+}
+
+/// The name the relay's connections show in `pg_stat_activity`, unless the URL sets one.
+pub const APPLICATION_NAME: &str = "outbox-relay";
+
+/// The connection options of a PostgreSQL URL, named [`APPLICATION_NAME`] unless the URL (or
+/// `PGAPPNAME`) names them, and the URL's connect timeout.
+pub(crate) fn postgres_options(
+    url: &str,
+) -> Result<(sqlx::postgres::PgConnectOptions, Duration), sqlx::Error> {
+    use std::str::FromStr;
+    let (url, timeout) = connect_timeout(url);
+    let mut options = sqlx::postgres::PgConnectOptions::from_str(&url)?;
+    if options.get_application_name().is_none() {
+        options = options.application_name(APPLICATION_NAME);
+    }
+    Ok((options, timeout))
 }
 
 /// Runs `task` every `every` until `shutdown`, on a connection of its own that is opened again after

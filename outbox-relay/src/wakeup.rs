@@ -53,7 +53,16 @@ pub(crate) async fn listen(
     database_url: &str,
     stop: tokio_util::sync::CancellationToken,
 ) -> Result<Arc<Notify>, sqlx::Error> {
-    let mut listener = PgListener::connect(database_url).await?;
+    let (options, timeout) = crate::outbox_table::postgres_options(database_url)?;
+    // A pool of one, as `PgListener::connect` makes: it reconnects the listener.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .max_lifetime(None)
+        .idle_timeout(None)
+        .acquire_timeout(timeout)
+        .connect_with(options)
+        .await?;
+    let mut listener = PgListener::connect_with(&pool).await?;
     listener.listen(CHANNEL).await?;
     let notify = Arc::new(Notify::new());
     let waker = Arc::clone(&notify);

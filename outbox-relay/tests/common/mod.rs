@@ -200,3 +200,14 @@ pub fn signal(child: &Child, signal: &str) {
         .expect("kill");
     assert!(status.success(), "kill -{signal} failed");
 }
+
+/// A child process killed when dropped, so a test that panics leaves no relay running (and no
+/// pipe of the test runner held open).
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
