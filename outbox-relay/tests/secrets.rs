@@ -220,19 +220,11 @@ async fn a_database_that_does_not_answer_fails_within_the_connect_timeout() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = child.kill();
-                panic!("{args:?} still waits for the database after 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let mut stderr = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        let (status, stderr) = common::wait_for_exit(
+            &mut child,
+            Duration::from_secs(30),
+            &format!("{args:?} still waits for the database"),
+        );
         assert_eq!(status.code(), Some(1), "{args:?}: {stderr}");
         assert!(stderr.lines().count() == 1, "{args:?}: {stderr}");
         assert!(

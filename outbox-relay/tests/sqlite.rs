@@ -16,8 +16,8 @@ struct OrderPlaced {
     order_id: u32,
 }
 
-#[tokio::test]
-async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
+/// A new SQLite database, migrated by the binary; its URL.
+fn migrated_database() -> String {
     let url = format!(
         "sqlite://{}?mode=rwc",
         outbox_tests::temp_dir().join("shop.db").display()
@@ -31,6 +31,12 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
         "{}",
         String::from_utf8_lossy(&migrate.stderr)
     );
+    url
+}
+
+#[tokio::test]
+async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
+    let url = migrated_database();
 
     let db = Database::connect(&url).await.unwrap();
     for order_id in [1, 2, 3] {
@@ -117,15 +123,7 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
 
 #[tokio::test]
 async fn a_second_relay_on_the_same_sqlite_file_refuses_to_start() {
-    let url = format!(
-        "sqlite://{}?mode=rwc",
-        outbox_tests::temp_dir().join("shop.db").display()
-    );
-    let migrate = common::relay_command()
-        .args(["migrate", "--database-url", &url])
-        .output()
-        .unwrap();
-    assert!(migrate.status.success());
+    let url = migrated_database();
     let run = |stderr: Stdio| {
         common::relay_command()
             .env("OUTBOX_LOG", "info")
@@ -157,27 +155,18 @@ async fn a_second_relay_on_the_same_sqlite_file_refuses_to_start() {
     };
     let mut first = run(Stdio::piped());
     wait_running(&mut first);
-    let mut second = run(Stdio::piped());
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = second.try_wait().unwrap() {
-            break status;
-        }
-        if std::time::Instant::now() > deadline {
-            second.kill().unwrap();
-            common::terminate(&mut first);
-            panic!("a second relay is running on the same SQLite file");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut second.stderr.take().unwrap(), &mut stderr).unwrap();
+    let mut first = common::KillOnDrop(first);
+    let (status, stderr) = common::wait_for_exit(
+        &mut run(Stdio::piped()),
+        Duration::from_secs(30),
+        "a second relay still runs on the same SQLite file",
+    );
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("another relay already publishes"),
         "{stderr}"
     );
-    assert_eq!(common::terminate(&mut first), Some(0));
+    assert_eq!(common::terminate(&mut first.0), Some(0));
     // Once the first is gone, a relay starts again.
     let mut third = run(Stdio::piped());
     wait_running(&mut third);

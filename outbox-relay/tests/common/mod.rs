@@ -211,3 +211,28 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// Waits until `child` exits and returns its status and stderr (which must be piped); kills it
+/// and panics with `what` if it still runs after `timeout`.
+pub fn wait_for_exit(
+    child: &mut Child,
+    timeout: Duration,
+    what: &str,
+) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{what} after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut pipe, &mut stderr).unwrap();
+    }
+    (status, stderr)
+}
