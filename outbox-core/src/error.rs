@@ -42,6 +42,20 @@ pub enum Error {
         event_type: String,
     },
 
+    /// An event's payload is larger than [`max_payload_bytes`](crate::max_payload_bytes) once
+    /// serialized: the broker would refuse it. Nothing was written.
+    #[error(
+        "event `{event_type}` is {bytes} bytes of JSON, over the limit of {limit} (outbox_core::set_max_payload_bytes)"
+    )]
+    PayloadTooLarge {
+        /// The event type.
+        event_type: String,
+        /// The payload's size, serialized.
+        bytes: usize,
+        /// The limit it passed.
+        limit: usize,
+    },
+
     /// The connection's backend is neither PostgreSQL nor SQLite.
     #[error("outbox supports PostgreSQL and SQLite, not {0:?}")]
     UnsupportedBackend(sea_orm::DbBackend),

@@ -72,6 +72,32 @@ pub use secret::Secret;
 /// set them: recording an event with one fails, and the relay parks a row that carries one.
 pub const RESERVED_HEADERS: [&str; 4] = ["id", "event_type", "aggregate_type", "event_version"];
 
+/// The default of [`max_payload_bytes`]: 1,000,000 bytes of JSON, so that an event with its key and
+/// headers fits in Kafka's default `message.max.bytes` (1,048,588) and Pulsar's default 5 MB.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
+
+static MAX_PAYLOAD_BYTES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_PAYLOAD_BYTES);
+
+/// The largest payload `record` accepts, in bytes of JSON: a larger event fails with
+/// [`Error::PayloadTooLarge`] and nothing is written, instead of a row the broker would refuse.
+/// Default [`DEFAULT_MAX_PAYLOAD_BYTES`].
+pub fn max_payload_bytes() -> usize {
+    MAX_PAYLOAD_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sets [`max_payload_bytes`] for this process. Raise it together with the broker's limit
+/// (`message.max.bytes` on Kafka) and the relay's `max_payload_bytes`.
+///
+/// ```
+/// outbox_core::set_max_payload_bytes(4 << 20);
+/// assert_eq!(outbox_core::max_payload_bytes(), 4 << 20);
+/// # outbox_core::set_max_payload_bytes(outbox_core::DEFAULT_MAX_PAYLOAD_BYTES);
+/// ```
+pub fn set_max_payload_bytes(limit: usize) {
+    MAX_PAYLOAD_BYTES.store(limit, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The derive macro; see [`OutboxEvent`](trait@OutboxEvent).
 #[cfg(feature = "derive")]
 pub use outbox_derive::OutboxEvent;

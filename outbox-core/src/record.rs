@@ -63,7 +63,16 @@ pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> 
     if events.is_empty() {
         return Ok(Vec::new());
     }
+    let limit = crate::max_payload_bytes();
     for event in &events {
+        let bytes = json_len(&event.payload);
+        if bytes > limit {
+            return Err(Error::PayloadTooLarge {
+                event_type: event.event_type.clone(),
+                bytes,
+                limit,
+            });
+        }
         if let Some(name) = event
             .headers
             .keys()
@@ -87,6 +96,24 @@ pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> 
     txn.execute_raw(Statement::from_sql_and_values(backend, sql, [param.into()]))
         .await?;
     Ok(ids)
+}
+
+/// The length of `value` serialized, counted without building the string.
+fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing a `Value` into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 fn row(event: NewEvent) -> Value {

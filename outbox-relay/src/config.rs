@@ -28,6 +28,14 @@ pub struct RelayConfig {
     pub database_url: String,
     /// Rows claimed and published per batch. Default 500.
     pub batch_size: usize,
+    /// Payload and header bytes per batch, so the relay's memory is bounded by its settings
+    /// whatever the rows hold: a batch stops before the row that would pass it. Default 16 MiB.
+    pub max_batch_bytes: usize,
+    /// The largest payload the relay publishes: a row over it is parked (reason `payload too large:
+    /// N bytes, over the relay's limit`) without its payload being read. Default 1,000,000, as
+    /// [`outbox_core::DEFAULT_MAX_PAYLOAD_BYTES`]; raise both with the broker's
+    /// `message.max.bytes`.
+    pub max_payload_bytes: usize,
     /// The longest wait between polls while there is nothing to publish. Polling is adaptive: 1 ms
     /// after a batch that found work, doubling while batches come back empty, up to this.
     /// Default 100 ms.
@@ -64,6 +72,8 @@ impl RelayConfig {
         RelayConfig {
             database_url: database_url.into(),
             batch_size: 500,
+            max_batch_bytes: 16 << 20,
+            max_payload_bytes: outbox_core::DEFAULT_MAX_PAYLOAD_BYTES,
             poll_interval: Duration::from_millis(100),
             mode: Mode::Mark,
             topic_template: DEFAULT_TOPIC_TEMPLATE.to_owned(),
@@ -85,6 +95,8 @@ impl std::fmt::Debug for RelayConfig {
         f.debug_struct("RelayConfig")
             .field("database_url", &crate::redact_url(&self.database_url))
             .field("batch_size", &self.batch_size)
+            .field("max_batch_bytes", &self.max_batch_bytes)
+            .field("max_payload_bytes", &self.max_payload_bytes)
             .field("poll_interval", &self.poll_interval)
             .field("mode", &self.mode)
             .field("topic_template", &self.topic_template)

@@ -8,12 +8,12 @@
 use futures::future::BoxFuture;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, FromRow, Postgres, Transaction};
+use sqlx::{Connection, Postgres, Transaction};
 use std::time::Duration;
 use uuid::Uuid;
 
 /// An unpublished outbox row, as claimed.
-#[derive(Debug, Clone, FromRow)]
+#[derive(Debug, Clone)]
 pub(crate) struct OutboxRow {
     pub id: String,
     pub seq: i64,
@@ -22,27 +22,135 @@ pub(crate) struct OutboxRow {
     pub event_type: String,
     pub event_version: i32,
     pub topic: Option<String>,
-    pub payload: String,
+    /// The payload JSON, read once from the database and shared, not copied, from here to the
+    /// sink. Empty when the row has a [`defect`](Self::defect).
+    pub payload: bytes::Bytes,
     pub headers: Option<String>,
     /// Failed publish attempts so far.
     pub attempts: i32,
     /// When it was recorded, in milliseconds since the Unix epoch; `None` for a date that is not
     /// one (`infinity` on PostgreSQL, any text on SQLite): the row is published all the same.
     pub created_ms: Option<i64>,
-    /// Whether the payload is JSON: always on PostgreSQL (jsonb), checked by SQLite's
-    /// `json_valid` there, where a TEXT column written by hand may hold anything.
-    pub payload_valid: bool,
+    /// Why this row can never be published as it is, found while reading it: a column of the
+    /// wrong type (SQLite stores whatever a hand-written row puts there), a payload that is not
+    /// JSON or is over [`Limits::max_payload_bytes`]. The relay parks it with this reason.
+    pub defect: Option<String>,
+}
+
+/// Which row an outcome is about. PostgreSQL settles rows by `id`, its primary key (a uuid,
+/// always readable); SQLite by `seq`, its primary key (an integer, readable where a hand-written
+/// `id` may not be).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RowKey {
+    pub id: String,
+    pub seq: i64,
+}
+
+impl OutboxRow {
+    pub fn key(&self) -> RowKey {
+        RowKey {
+            id: self.id.clone(),
+            seq: self.seq,
+        }
+    }
+
+    /// Reads one claimed row column by column. A column that cannot be read becomes the row's
+    /// defect, so one bad row is parked instead of failing the claim for every aggregate.
+    fn read<R>(row: &R, limits: &Limits) -> OutboxRow
+    where
+        R: sqlx::Row,
+        for<'n> &'n str: sqlx::ColumnIndex<R>,
+        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        let mut defect = None;
+        let seq: i64 = column(row, "seq", &mut defect).unwrap_or(-1);
+        let unreadable = || format!("<unreadable, seq {seq}>");
+        let text = |name: &str, defect: &mut Option<String>| {
+            column::<R, String>(row, name, defect).unwrap_or_else(unreadable)
+        };
+        let id = text("id", &mut defect);
+        let aggregate_type = text("aggregate_type", &mut defect);
+        let aggregate_id = text("aggregate_id", &mut defect);
+        let event_type = text("event_type", &mut defect);
+        let event_version = column(row, "event_version", &mut defect).unwrap_or(0);
+        let topic = column(row, "topic", &mut defect).flatten();
+        let headers = column(row, "headers", &mut defect).flatten();
+        let attempts = column(row, "attempts", &mut defect).unwrap_or(0);
+        let created_ms = column(row, "created_ms", &mut defect).flatten();
+        let payload_bytes: i64 = column(row, "payload_bytes", &mut defect).unwrap_or(0);
+        let payload_valid: bool = column(row, "payload_valid", &mut defect).unwrap_or(false);
+        let payload: Option<String> = column(row, "payload", &mut defect).flatten();
+        if defect.is_none() {
+            defect = if payload_bytes > i64::try_from(limits.max_payload_bytes).unwrap_or(i64::MAX)
+            {
+                Some(format!(
+                    "payload too large: {payload_bytes} bytes, over the relay's limit of {} (max_payload_bytes)",
+                    limits.max_payload_bytes
+                ))
+            } else if !payload_valid || payload.is_none() {
+                Some("payload is not valid JSON".to_owned())
+            } else {
+                None
+            };
+        }
+        OutboxRow {
+            id,
+            seq,
+            aggregate_type,
+            aggregate_id,
+            event_type,
+            event_version,
+            topic,
+            payload: payload.map(bytes::Bytes::from).unwrap_or_default(),
+            headers,
+            attempts,
+            created_ms,
+            defect,
+        }
+    }
+}
+
+/// The value of column `name`, or `None` with the first such failure kept in `defect`.
+fn column<'r, R, T>(row: &'r R, name: &str, defect: &mut Option<String>) -> Option<T>
+where
+    R: sqlx::Row,
+    for<'n> &'n str: sqlx::ColumnIndex<R>,
+    T: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    match row.try_get::<T, _>(name) {
+        Ok(value) => Some(value),
+        Err(e) => {
+            defect.get_or_insert_with(|| format!("column `{name}` cannot be read: {e}"));
+            None
+        }
+    }
+}
+
+/// What bounds a claim, whatever the table holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    /// Rows per batch.
+    pub batch_size: usize,
+    /// Payload and header bytes per batch: the claim stops before the row that would pass it
+    /// (a batch always takes its first row, which [`max_payload_bytes`](Self::max_payload_bytes)
+    /// bounds).
+    pub max_batch_bytes: usize,
+    /// The largest payload published; a larger row is parked, and its payload is not even read.
+    pub max_payload_bytes: usize,
 }
 
 /// What became of each claimed row.
 #[derive(Debug, Default)]
 pub(crate) struct Outcome {
     /// Acked by the broker: marked published (or deleted).
-    pub published: Vec<String>,
+    pub published: Vec<RowKey>,
     /// Failed, to be tried again after a delay: attempts + 1, last error kept.
-    pub failed: Vec<(String, String, std::time::Duration)>,
+    pub failed: Vec<(RowKey, String, std::time::Duration)>,
     /// Can never be published as is: parked with the reason, holding back its aggregate.
-    pub parked: Vec<(String, String)>,
+    pub parked: Vec<(RowKey, String)>,
 }
 
 /// After publishing: mark rows published, or delete them.
@@ -76,6 +184,9 @@ pub(crate) enum OutboxTable {
 /// Rows claimed for one batch, and what holds them until [`Claim::settle`].
 pub(crate) struct Claim<'c> {
     pub rows: Vec<OutboxRow>,
+    /// Whether the claim stopped at a limit (rows or bytes) with more rows waiting: the relay
+    /// claims again at once.
+    pub full: bool,
     held: Held<'c>,
 }
 
@@ -95,37 +206,74 @@ enum Held<'c> {
 ///   aggregate by scanning every unpublished row: plans are made for each execution instead.
 pub const PG_SESSION: &str = "SET enable_sort = off; SET plan_cache_mode = force_custom_plan";
 
-/// The relay's claim query on PostgreSQL, for operators to `EXPLAIN` (after [`PG_SESSION`]): the oldest rows of the shards
-/// in `$1` (`smallint[]`), at most `$2`, whose aggregate is not blocked: no row of it backing off
-/// (`retry_at` ahead) or, when `$3` holds back parked aggregates, parked.
+/// The relay's claim query on PostgreSQL, for operators to `EXPLAIN` (after [`PG_SESSION`]).
+///
+/// `claimed` locks the oldest rows of the shards in `$1` (`smallint[]`), at most `$2`, whose
+/// aggregate is not blocked: no row of it backing off (`retry_at` ahead) or, when `$3` holds back
+/// parked aggregates, parked. Only their sizes are read there. The rows returned are those whose
+/// payload and header bytes, added up in `seq` order, stay within `$5` (and always the first):
+/// memory is bounded by the settings, not by what the table holds. A payload over `$4` bytes is not
+/// read at all (`payload` is NULL): the relay parks the row.
 pub const PG_CLAIM: &str = "
+WITH claimed AS MATERIALIZED (
+    SELECT o.id, o.seq, octet_length(o.payload::text)::int8 AS payload_bytes,
+           coalesce(octet_length(o.headers::text), 0)::int8 AS header_bytes
+    FROM outbox o
+    WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
+      AND NOT EXISTS (SELECT 1 FROM outbox p
+                      WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                        AND p.published_at IS NULL
+                        AND (p.retry_at > now() OR ($3 AND p.parked_at IS NOT NULL)))
+    ORDER BY o.seq
+    LIMIT $2
+    FOR UPDATE OF o SKIP LOCKED
+), sized AS (
+    SELECT c.*, sum(CASE WHEN c.payload_bytes <= $4 THEN c.payload_bytes ELSE 0 END + c.header_bytes)
+                    OVER (ORDER BY c.seq) AS running_bytes,
+           row_number() OVER (ORDER BY c.seq) AS position,
+           count(*) OVER () AS candidates
+    FROM claimed c
+)
 SELECT o.id::text AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
-       o.topic, o.payload::text AS payload, o.headers::text AS headers, o.attempts,
+       o.topic, CASE WHEN s.payload_bytes <= $4 THEN o.payload::text END AS payload,
+       s.payload_bytes, o.headers::text AS headers, o.attempts,
        CASE WHEN isfinite(o.created_at) THEN (extract(epoch FROM o.created_at) * 1000)::int8 END AS created_ms,
-       true AS payload_valid
-FROM outbox o
-WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
-  AND NOT EXISTS (SELECT 1 FROM outbox p
-                  WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                    AND p.published_at IS NULL
-                    AND (p.retry_at > now() OR ($3 AND p.parked_at IS NOT NULL)))
-ORDER BY o.seq
-LIMIT $2
-FOR UPDATE OF o SKIP LOCKED";
+       true AS payload_valid, s.candidates
+FROM sized s JOIN outbox o ON o.id = s.id
+WHERE s.running_bytes <= $5 OR s.position = 1
+ORDER BY s.seq";
 
+/// The claim on SQLite, as [`PG_CLAIM`] (`?1` rows, `?2` hold parked, `?3` payload and `?4`
+/// batch bytes); without locks, as one relay serves a SQLite database. Text columns of a
+/// hand-written row may hold any type: the relay reads each row column by column.
 const SQLITE_CLAIM: &str = "
+WITH claimed AS (
+    SELECT o.seq, length(CAST(o.payload AS BLOB)) AS payload_bytes,
+           coalesce(length(CAST(o.headers AS BLOB)), 0) AS header_bytes
+    FROM outbox o
+    WHERE o.published_at IS NULL AND o.parked_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM outbox p
+                      WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                        AND p.published_at IS NULL
+                        AND (p.retry_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now') OR (?2 AND p.parked_at IS NOT NULL)))
+    ORDER BY o.seq
+    LIMIT ?1
+), sized AS (
+    SELECT c.*, sum(CASE WHEN c.payload_bytes <= ?3 THEN c.payload_bytes ELSE 0 END + c.header_bytes)
+                    OVER (ORDER BY c.seq) AS running_bytes,
+           row_number() OVER (ORDER BY c.seq) AS position,
+           count(*) OVER () AS candidates
+    FROM claimed c
+)
 SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
-       o.topic, o.payload, o.headers, o.attempts,
+       o.topic, CASE WHEN s.payload_bytes <= ?3 THEN o.payload END AS payload,
+       s.payload_bytes, o.headers, o.attempts,
        CAST((julianday(o.created_at) - 2440587.5) * 86400000 AS INTEGER) AS created_ms,
-       json_valid(o.payload) AS payload_valid
-FROM outbox o
-WHERE o.published_at IS NULL AND o.parked_at IS NULL
-  AND NOT EXISTS (SELECT 1 FROM outbox p
-                  WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                    AND p.published_at IS NULL
-                    AND (p.retry_at > strftime('%Y-%m-%dT%H:%M:%fZ', 'now') OR (?2 AND p.parked_at IS NOT NULL)))
-ORDER BY o.seq
-LIMIT ?1";
+       CASE WHEN s.payload_bytes <= ?3 THEN json_valid(o.payload) ELSE 1 END AS payload_valid,
+       s.candidates
+FROM sized s JOIN outbox o ON o.seq = s.seq
+WHERE s.running_bytes <= ?4 OR s.position = 1
+ORDER BY s.seq";
 
 impl OutboxTable {
     /// Opens the relay's connection to `url` (`postgres://…` or `sqlite:…`), failing after the
@@ -150,37 +298,52 @@ impl OutboxTable {
             })
     }
 
-    /// Claims up to `limit` unpublished rows of `shards`, in `seq` order, skipping aggregates that
-    /// have a row backing off, or a parked row when `hold_parked`.
+    /// Claims the oldest unpublished rows of `shards` within `limits`, in `seq` order, skipping
+    /// aggregates that have a row backing off, or a parked row when `hold_parked`. Each row is read
+    /// on its own: a row that cannot be read comes back with its defect, and the claim goes on.
     pub async fn claim(
         &mut self,
-        limit: usize,
+        limits: &Limits,
         shards: &[i16],
         hold_parked: bool,
     ) -> Result<Claim<'_>, sqlx::Error> {
-        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = i64::try_from(limits.batch_size).unwrap_or(i64::MAX);
+        let payload_bytes = i64::try_from(limits.max_payload_bytes).unwrap_or(i64::MAX);
+        let batch_bytes = i64::try_from(limits.max_batch_bytes).unwrap_or(i64::MAX);
         match self {
             OutboxTable::Postgres(conn) => {
                 let mut tx = conn.begin().await?;
-                let rows = sqlx::query_as(PG_CLAIM)
-                    .bind(shards)
-                    .bind(limit)
-                    .bind(hold_parked)
-                    .fetch_all(&mut *tx)
-                    .await?;
+                let (rows, full) = read_rows(
+                    sqlx::query(PG_CLAIM)
+                        .bind(shards)
+                        .bind(rows)
+                        .bind(hold_parked)
+                        .bind(payload_bytes)
+                        .bind(batch_bytes)
+                        .fetch(&mut *tx),
+                    limits,
+                )
+                .await?;
                 Ok(Claim {
                     rows,
+                    full,
                     held: Held::Postgres(tx),
                 })
             }
             OutboxTable::Sqlite(conn) => {
-                let rows = sqlx::query_as(SQLITE_CLAIM)
-                    .bind(limit)
-                    .bind(hold_parked)
-                    .fetch_all(&mut *conn)
-                    .await?;
+                let (rows, full) = read_rows(
+                    sqlx::query(SQLITE_CLAIM)
+                        .bind(rows)
+                        .bind(hold_parked)
+                        .bind(payload_bytes)
+                        .bind(batch_bytes)
+                        .fetch(&mut *conn),
+                    limits,
+                )
+                .await?;
                 Ok(Claim {
                     rows,
+                    full,
                     held: Held::Sqlite(conn),
                 })
             }
@@ -278,6 +441,37 @@ pub(crate) async fn every_tick(
     }
 }
 
+/// Reads the claimed rows as they arrive (so each row's raw bytes are freed once read), and
+/// whether the claim stopped at a limit with more rows waiting.
+async fn read_rows<R>(
+    mut raw: futures::stream::BoxStream<'_, Result<R, sqlx::Error>>,
+    limits: &Limits,
+) -> Result<(Vec<OutboxRow>, bool), sqlx::Error>
+where
+    R: sqlx::Row,
+    for<'n> &'n str: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    use futures::TryStreamExt;
+    let mut rows = Vec::new();
+    let mut candidates = 0;
+    while let Some(row) = raw.try_next().await? {
+        if rows.is_empty() {
+            candidates = row
+                .try_get::<i64, _>("candidates")
+                .ok()
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or(0);
+        }
+        rows.push(OutboxRow::read(&row, limits));
+    }
+    let full = candidates >= limits.batch_size || rows.len() < candidates;
+    Ok((rows, full))
+}
+
 impl Claim<'_> {
     /// Records the outcome of the batch and releases the claim.
     pub async fn settle(self, outcome: &Outcome, mode: Mode) -> Result<(), sqlx::Error> {
@@ -301,29 +495,33 @@ async fn settle_postgres(
     mode: Mode,
 ) -> Result<(), sqlx::Error> {
     if !outcome.published.is_empty() {
-        let ids = uuids(&outcome.published);
+        let ids: Vec<Uuid> = outcome
+            .published
+            .iter()
+            .filter_map(|key| Uuid::parse_str(&key.id).ok())
+            .collect();
         let sql = match mode {
             Mode::Mark => "UPDATE outbox SET published_at = now() WHERE id = ANY($1)",
             Mode::Delete => "DELETE FROM outbox WHERE id = ANY($1)",
         };
         sqlx::query(sql).bind(ids).execute(&mut *tx).await?;
     }
-    for (id, error, retry_in) in &outcome.failed {
+    for (key, error, retry_in) in &outcome.failed {
         sqlx::query(
             "UPDATE outbox SET attempts = attempts + 1, last_error = $2, \
              retry_at = now() + make_interval(secs => $3) WHERE id = $1::uuid",
         )
-        .bind(id)
+        .bind(&key.id)
         .bind(error)
         .bind(retry_in.as_secs_f64())
         .execute(&mut *tx)
         .await?;
     }
-    for (id, reason) in &outcome.parked {
+    for (key, reason) in &outcome.parked {
         sqlx::query(
             "UPDATE outbox SET attempts = attempts + 1, last_error = $2, parked_at = now() WHERE id = $1::uuid",
         )
-        .bind(id)
+        .bind(&key.id)
         .bind(reason)
         .execute(&mut *tx)
         .await?;
@@ -336,43 +534,37 @@ async fn settle_sqlite(
     outcome: &Outcome,
     mode: Mode,
 ) -> Result<(), sqlx::Error> {
-    for id in &outcome.published {
+    for key in &outcome.published {
         let sql = match mode {
             Mode::Mark => {
-                "UPDATE outbox SET published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1"
+                "UPDATE outbox SET published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE seq = ?1"
             }
-            Mode::Delete => "DELETE FROM outbox WHERE id = ?1",
+            Mode::Delete => "DELETE FROM outbox WHERE seq = ?1",
         };
-        sqlx::query(sql).bind(id).execute(&mut *tx).await?;
+        sqlx::query(sql).bind(key.seq).execute(&mut *tx).await?;
     }
-    for (id, error, retry_in) in &outcome.failed {
+    for (key, error, retry_in) in &outcome.failed {
         sqlx::query(
             "UPDATE outbox SET attempts = attempts + 1, last_error = ?2, \
-             retry_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%.3f seconds', ?3)) WHERE id = ?1",
+             retry_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%.3f seconds', ?3)) WHERE seq = ?1",
         )
-        .bind(id)
+        .bind(key.seq)
         .bind(error)
         .bind(retry_in.as_secs_f64())
         .execute(&mut *tx)
         .await?;
     }
-    for (id, reason) in &outcome.parked {
+    for (key, reason) in &outcome.parked {
         sqlx::query(
             "UPDATE outbox SET attempts = attempts + 1, last_error = ?2, \
-             parked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?1",
+             parked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE seq = ?1",
         )
-        .bind(id)
+        .bind(key.seq)
         .bind(reason)
         .execute(&mut *tx)
         .await?;
     }
     Ok(())
-}
-
-fn uuids(ids: &[String]) -> Vec<Uuid> {
-    ids.iter()
-        .filter_map(|id| Uuid::parse_str(id).ok())
-        .collect()
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use crate::config::RelayConfig;
 use crate::leases::Leases;
-use crate::outbox_table::{Mode, OutboxRow, OutboxTable, Outcome};
+use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
 use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::{Message, Sink, SinkError};
@@ -201,10 +201,9 @@ impl Relay {
             // locked until settled.
             let started = std::time::Instant::now();
             let hold_parked = !self.config.skip_parked;
-            let claim = table
-                .claim(self.config.batch_size, &shards, hold_parked)
-                .await?;
+            let claim = table.claim(&self.limits(), &shards, hold_parked).await?;
             let claimed = claim.rows.len();
+            let full = claim.full;
 
             // Publish: rows that cannot become a message are parked; the rest are sent together.
             let (sent, messages, mut outcome) = self.messages(&claim.rows);
@@ -241,7 +240,7 @@ impl Relay {
                 publish_backoff.next().unwrap_or(self.config.max_backoff)
             } else {
                 publish_backoff = self.backoff();
-                if claimed == self.config.batch_size {
+                if full {
                     continue;
                 }
                 if claimed > 0 {
@@ -283,7 +282,7 @@ impl Relay {
                 }
                 Err(reason) => {
                     tracing::error!(event_id = %row.id, seq = row.seq, %reason, "event parked");
-                    outcome.parked.push((row.id.clone(), reason));
+                    outcome.parked.push((row.key(), reason));
                     held_back.insert(aggregate);
                 }
             }
@@ -307,7 +306,7 @@ impl Relay {
         let mut failed_aggregates: HashSet<(&str, &str)> = HashSet::new();
         for ((row, message), result) in sent.iter().zip(messages).zip(results) {
             let aggregate = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
-            let id = row.id.clone();
+            let id = row.key();
             match result {
                 _ if failed_aggregates.contains(&aggregate) => {}
                 Ok(()) => {
@@ -321,7 +320,7 @@ impl Relay {
                 Err(e) => {
                     failed_aggregates.insert(aggregate);
                     if e.is_permanent() {
-                        tracing::error!(event_id = %id, topic = %message.topic, error = %e, "event parked");
+                        tracing::error!(event_id = %row.id, topic = %message.topic, error = %e, "event parked");
                         outcome.parked.push((id, e.message));
                     } else {
                         let attempt = usize::try_from(row.attempts).unwrap_or(0);
@@ -335,6 +334,14 @@ impl Relay {
             }
         }
         refused
+    }
+
+    fn limits(&self) -> Limits {
+        Limits {
+            batch_size: self.config.batch_size,
+            max_batch_bytes: self.config.max_batch_bytes,
+            max_payload_bytes: self.config.max_payload_bytes,
+        }
     }
 
     /// The waits between polls that find nothing: 1 ms, doubling up to the poll interval. With

@@ -78,6 +78,9 @@ impl Router {
 
     /// The message for `row`, or why the row can never be published as it is.
     pub(crate) fn message(&self, row: &OutboxRow) -> Result<Message, String> {
+        if let Some(defect) = &row.defect {
+            return Err(defect.clone());
+        }
         let topic = self.topic_for(&row.aggregate_type, &row.event_type, row.topic.as_deref())?;
         let event_id = uuid::Uuid::parse_str(&row.id)
             .map_err(|e| format!("event id `{}` is not a UUID: {e}", row.id))?;
@@ -99,15 +102,12 @@ impl Router {
             }
             headers.extend(stored);
         }
-        if !row.payload_valid {
-            return Err("payload is not valid JSON".to_owned());
-        }
         Ok(Message {
             event_id,
             seq: row.seq,
             topic,
             key: row.aggregate_id.clone(),
-            payload: row.payload.clone().into_bytes(),
+            payload: row.payload.clone(),
             headers,
         })
     }
@@ -143,11 +143,11 @@ mod tests {
             event_type: "OrderPlaced".into(),
             event_version: 2,
             topic: None,
-            payload: r#"{"a": 1}"#.into(),
+            payload: bytes::Bytes::from_static(br#"{"a": 1}"#),
             headers: headers.map(str::to_owned),
             attempts: 0,
             created_ms: Some(0),
-            payload_valid: true,
+            defect: None,
         }
     }
 
@@ -159,7 +159,7 @@ mod tests {
             .unwrap();
         assert_eq!(m.topic, "outbox.event.order");
         assert_eq!(m.key, "o-1");
-        assert_eq!(m.payload, br#"{"a": 1}"#);
+        assert_eq!(m.payload, &br#"{"a": 1}"#[..]);
         let names: Vec<&str> = m.headers.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
             names,
@@ -197,14 +197,11 @@ mod tests {
         let mut bad_id = row(None);
         bad_id.id = "nope".into();
         assert!(router.message(&bad_id).unwrap_err().contains("not a UUID"));
-        let mut bad_payload = row(None);
-        bad_payload.payload = "{not json".into();
-        bad_payload.payload_valid = false;
-        assert!(
-            router
-                .message(&bad_payload)
-                .unwrap_err()
-                .contains("payload is not valid JSON")
+        let mut defective = row(None);
+        defective.defect = Some("payload is not valid JSON".into());
+        assert_eq!(
+            router.message(&defective).unwrap_err(),
+            "payload is not valid JSON"
         );
     }
 }

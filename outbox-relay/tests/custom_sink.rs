@@ -190,8 +190,7 @@ async fn publish_with_list(
     }
     shutdown.cancel();
     running.await.unwrap();
-    let list = sink.published.lock().unwrap().clone();
-    list
+    sink.published.lock().unwrap().clone()
 }
 
 #[tokio::test]

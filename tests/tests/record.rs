@@ -136,6 +136,7 @@ on_every_backend!(
     record_all_writes_every_row_in_order,
     mixed_events_and_headers,
     reserved_headers_are_refused_and_nothing_is_written,
+    oversize_payloads_are_refused_and_nothing_is_written,
 );
 
 async fn commit_keeps_state_and_event(db: DatabaseConnection) {
@@ -320,6 +321,41 @@ async fn reserved_headers_are_refused_and_nothing_is_written(db: DatabaseConnect
         txn.commit().await.unwrap();
     }
     assert!(rows(&db).await.is_empty(), "an event was written");
+}
+
+async fn oversize_payloads_are_refused_and_nothing_is_written(db: DatabaseConnection) {
+    let limit = outbox_core::max_payload_bytes();
+    assert_eq!(limit, outbox_core::DEFAULT_MAX_PAYLOAD_BYTES);
+    let mut huge = order_created();
+    huge.customer = "x".repeat(limit);
+    let txn = db.begin().await.unwrap();
+    let error = huge.record(&txn).await.unwrap_err();
+    assert!(
+        matches!(&error, Error::PayloadTooLarge { bytes, limit: l, .. } if *bytes > limit && *l == limit),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("over the limit of 1000000"),
+        "{error}"
+    );
+    let batch = vec![
+        NewEvent::from_event(&order_created()).unwrap(),
+        NewEvent::from_event(&huge).unwrap(),
+    ];
+    let error = outbox_core::record_new_events(&txn, batch)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::PayloadTooLarge { .. }), "{error}");
+    txn.rollback().await.unwrap();
+
+    // Just under the limit is accepted.
+    let mut largest = order_created();
+    let overhead = serde_json::to_string(&largest).unwrap().len() - largest.customer.len();
+    largest.customer = "x".repeat(limit - overhead);
+    let txn = db.begin().await.unwrap();
+    largest.record(&txn).await.unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(rows(&db).await.len(), 1);
 }
 
 #[test]

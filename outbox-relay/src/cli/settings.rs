@@ -34,6 +34,8 @@ pub(super) struct DatabaseArgs {
 /// # outbox-relay.toml
 /// database_url = "postgres://relay:${DB_PASSWORD}@db/shop?connect_timeout=3"
 /// batch_size = 500
+/// max_batch_bytes = 16777216   # payload and header bytes per batch
+/// max_payload_bytes = 1000000  # larger rows are parked; match the broker's message.max.bytes
 /// poll_interval = "100ms"
 /// mode = "mark"              # or "delete"
 /// wakeup = "poll"            # or "notify"
@@ -73,6 +75,12 @@ pub(super) struct Settings {
     /// Rows per batch [default: 500].
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub batch_size: Option<usize>,
+    /// Payload and header bytes per batch, bounding the relay's memory [default: 16777216].
+    #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES")]
+    pub max_batch_bytes: Option<usize>,
+    /// The largest payload published; larger rows are parked [default: 1000000].
+    #[arg(long, env = "OUTBOX_MAX_PAYLOAD_BYTES")]
+    pub max_payload_bytes: Option<usize>,
     /// Longest idle wait between polls (adaptive: 1ms after work, doubling while idle) [default: 100ms].
     #[arg(long)]
     pub poll_interval: Option<Wait>,
@@ -312,6 +320,12 @@ impl Settings {
                 return Err(UsageError("batch size must be at least 1".into()));
             }
             config.batch_size = n;
+        }
+        if let Some(n) = self.max_batch_bytes {
+            config.max_batch_bytes = n;
+        }
+        if let Some(n) = self.max_payload_bytes {
+            config.max_payload_bytes = n;
         }
         if let Some(Wait(d)) = self.poll_interval {
             config.poll_interval = d;

@@ -365,7 +365,7 @@ async fn enqueue(
     }
     let mut record = FutureRecord::to(&message.topic)
         .key(message.key.as_bytes())
-        .payload(&message.payload)
+        .payload(&message.payload[..])
         .headers(headers);
     loop {
         match producer.send_result(record) {

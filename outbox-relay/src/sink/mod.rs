@@ -30,8 +30,9 @@ pub struct Message {
     pub topic: String,
     /// The message key: the aggregate id.
     pub key: String,
-    /// The payload JSON bytes.
-    pub payload: Vec<u8>,
+    /// The payload JSON bytes, shared with the row they were read from (cloning does not copy
+    /// them).
+    pub payload: bytes::Bytes,
     /// Header names and values, in order.
     pub headers: Vec<(String, String)>,
 }
@@ -58,7 +59,7 @@ impl Message {
             seq: 1,
             topic: "outbox.event.order".into(),
             key: "42".into(),
-            payload: br#"{"order_id": 42}"#.to_vec(),
+            payload: bytes::Bytes::from_static(br#"{"order_id": 42}"#),
             headers: vec![
                 ("id".into(), event_id.to_string()),
                 ("event_type".into(), "OrderCreated".into()),

@@ -278,7 +278,8 @@ impl PulsarSink {
         let topic = self.config.topic(&message.topic);
         let producer = state.producer(&self.config, &topic).await?;
         let outgoing = producer::Message {
-            payload: message.payload.clone(),
+            // The one copy on the way to the broker: the crate's message owns its payload.
+            payload: message.payload.to_vec(),
             properties: message.headers.iter().cloned().collect(),
             partition_key: Some(message.key.clone()),
             ordering_key: Some(message.key.clone().into_bytes()),
