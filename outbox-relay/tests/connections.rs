@@ -10,8 +10,7 @@ use std::time::Duration;
 #[tokio::test]
 async fn every_relay_connection_is_named_and_closed_at_shutdown() {
     let f = Fixture::new().await;
-    let mut relay =
-        common::KillOnDrop(f.spawn_relay_to(&["--sink", "stdout"], &["--wakeup", "notify"]));
+    let mut relay = f.spawn_relay_to(&["--sink", "stdout"], &["--wakeup", "notify"]);
     let named = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'outbox-relay'";
     // The claiming connection, the LISTEN connection, the backlog sampler and the pruner.
     f.wait_until_zero(
@@ -19,6 +18,6 @@ async fn every_relay_connection_is_named_and_closed_at_shutdown() {
         Duration::from_secs(30),
     )
     .await;
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     f.wait_until_zero(named, Duration::from_secs(30)).await;
 }

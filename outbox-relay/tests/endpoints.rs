@@ -81,6 +81,7 @@ async fn readyz_says_what_is_unreachable() {
         ])
         .args(["--http-addr", &format!("127.0.0.1:{port}")])
         .spawn()
+        .map(common::KillOnDrop)
         .unwrap();
     let (status, body) = http_get_when_up(port, "/readyz").await;
     assert_eq!(status, 503);
@@ -101,6 +102,7 @@ async fn readyz_says_what_is_unreachable() {
         ])
         .args(["--http-addr", &format!("127.0.0.1:{port}")])
         .spawn()
+        .map(common::KillOnDrop)
         .unwrap();
     let (status, body) = http_get_when_up(port, "/readyz").await;
     assert_eq!(status, 503);
@@ -131,6 +133,7 @@ async fn readyz_checks_the_pulsar_broker() {
         .args(["--sink", "pulsar", "--pulsar-url", "pulsar://127.0.0.1:1"])
         .args(["--http-addr", &format!("127.0.0.1:{port}")])
         .spawn()
+        .map(common::KillOnDrop)
         .unwrap();
     let (status, body) = http_get_when_up(port, "/readyz").await;
     assert_eq!(status, 503);

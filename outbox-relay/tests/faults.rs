@@ -309,6 +309,7 @@ async fn postgres_restarts_leave_one_listen_connection() {
         .args(["--http-addr", "off", "--lease-refresh", "300ms"])
         .stdout(std::process::Stdio::null())
         .spawn()
+        .map(common::KillOnDrop)
         .unwrap();
     let listening = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}' AND query LIKE 'LISTEN%'"

@@ -10,7 +10,6 @@ use outbox_core::OutboxEvent;
 use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 const AGGREGATES: usize = 500;
@@ -109,7 +108,7 @@ async fn every_event_received(f: &Fixture) -> Vec<Received> {
     received
 }
 
-fn stop_all(relays: &mut [Child]) {
+fn stop_all(relays: &mut [common::KillOnDrop]) {
     for relay in relays {
         assert_eq!(
             common::terminate(relay),
@@ -123,7 +122,7 @@ fn stop_all(relays: &mut [Child]) {
 async fn three_replicas_deliver_every_event_once_in_order() {
     let f = Fixture::new().await;
     let batch = BATCH.to_string();
-    let mut relays: Vec<Child> = (0..3)
+    let mut relays: Vec<common::KillOnDrop> = (0..3)
         .map(|_| f.spawn_relay(&["--batch-size", &batch]))
         .collect();
     wait_for_holders(&f, 3).await;
@@ -147,7 +146,7 @@ async fn three_replicas_deliver_every_event_once_in_order() {
 async fn a_replica_killed_mid_run_loses_nothing_and_keeps_first_delivery_order() {
     let f = Fixture::new().await;
     let batch = BATCH.to_string();
-    let mut relays: Vec<Child> = (0..3)
+    let mut relays: Vec<common::KillOnDrop> = (0..3)
         .map(|_| f.spawn_relay(&["--batch-size", &batch]))
         .collect();
     wait_for_holders(&f, 3).await;

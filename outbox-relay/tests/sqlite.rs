@@ -70,6 +70,7 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
         ])
         .stdout(Stdio::piped())
         .spawn()
+        .map(common::KillOnDrop)
         .unwrap();
     let stdout = relay.stdout.take().unwrap();
     let lines = tokio::task::spawn_blocking(move || {
@@ -139,6 +140,7 @@ async fn a_second_relay_on_the_same_sqlite_file_refuses_to_start() {
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
+            .map(common::KillOnDrop)
             .unwrap()
     };
     // Waits until a relay says it runs (it holds the lock by then).
@@ -155,7 +157,6 @@ async fn a_second_relay_on_the_same_sqlite_file_refuses_to_start() {
     };
     let mut first = run(Stdio::piped());
     wait_running(&mut first);
-    let mut first = common::KillOnDrop(first);
     let (status, stderr) = common::wait_for_exit(
         &mut run(Stdio::piped()),
         Duration::from_secs(30),

@@ -89,24 +89,26 @@ impl Fixture {
     }
 
     /// Starts the `outbox-relay` binary publishing this fixture's outbox to Kafka.
-    pub fn spawn_relay(&self, extra: &[&str]) -> Child {
+    pub fn spawn_relay(&self, extra: &[&str]) -> KillOnDrop {
         self.spawn_relay_to(&["--kafka-brokers", &kafka::brokers()], extra)
     }
 
     /// Starts the `outbox-relay` binary publishing this fixture's outbox to Pulsar.
-    pub fn spawn_pulsar_relay(&self, extra: &[&str]) -> Child {
+    pub fn spawn_pulsar_relay(&self, extra: &[&str]) -> KillOnDrop {
         self.spawn_relay_to(&["--sink", "pulsar", "--pulsar-url", &pulsar::url()], extra)
     }
 
     /// Starts the `outbox-relay` binary with `sink` arguments, then `extra` ones.
-    pub fn spawn_relay_to(&self, sink: &[&str], extra: &[&str]) -> Child {
+    /// The process is killed when the returned guard is dropped, so a failing test leaves no
+    /// relay running.
+    pub fn spawn_relay_to(&self, sink: &[&str], extra: &[&str]) -> KillOnDrop {
         // Endpoints on a port of its own unless the test picks one, so replicas do not collide.
         let http = if extra.contains(&"--http-addr") {
             &[][..]
         } else {
             &["--http-addr", "127.0.0.1:0"][..]
         };
-        relay_command()
+        let child = relay_command()
             .args(["run", "--database-url", &self.url])
             .args(sink)
             .args([
@@ -122,7 +124,8 @@ impl Fixture {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .expect("start outbox-relay")
+            .expect("start outbox-relay");
+        KillOnDrop(child)
     }
 }
 
@@ -204,6 +207,19 @@ pub fn signal(child: &Child, signal: &str) {
 /// A child process killed when dropped, so a test that panics leaves no relay running (and no
 /// pipe of the test runner held open).
 pub struct KillOnDrop(pub Child);
+
+impl std::ops::Deref for KillOnDrop {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for KillOnDrop {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {

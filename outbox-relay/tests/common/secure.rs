@@ -246,10 +246,7 @@ pub async fn oidc_provider(
             let mut request = Vec::new();
             let mut buf = [0u8; 4096];
             // Headers, then as much body as Content-Length says.
-            loop {
-                let Ok(n) = stream.read(&mut buf).await else {
-                    break;
-                };
+            while let Ok(n) = stream.read(&mut buf).await {
                 if n == 0 {
                     break;
                 }
