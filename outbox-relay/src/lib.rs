@@ -45,6 +45,7 @@ mod relay;
 mod routing;
 pub mod sink;
 mod status;
+pub mod tasks;
 pub mod wakeup;
 
 pub use config::RelayConfig;

@@ -6,6 +6,7 @@ use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
 use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::{Message, Sink, SinkError};
+use crate::tasks::BackgroundTasks;
 use crate::wakeup::{self, Wakeup};
 use crate::{metrics, prune};
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -15,6 +16,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+/// How long each readiness check (database, broker) may take.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Moves committed events from the outbox table to a [`Sink`], at least once, in order per
 /// aggregate.
@@ -36,6 +40,8 @@ pub struct Relay {
     router: Router,
     /// On SQLite, the lock file that makes this the database's only relay.
     sqlite_lock: std::sync::Mutex<Option<std::fs::File>>,
+    /// The connection readiness probes ping, kept between probes.
+    probe: tokio::sync::Mutex<Option<OutboxTable>>,
 }
 
 impl Relay {
@@ -47,6 +53,7 @@ impl Relay {
             sink: Box::new(sink),
             router,
             sqlite_lock: std::sync::Mutex::new(None),
+            probe: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -90,22 +97,36 @@ impl Relay {
         }
     }
 
-    /// Whether the relay can work now: its database answers and its sink reaches the broker.
-    /// `/readyz` answers with this.
+    /// Whether the relay can work now: its database answers and its sink reaches the broker, each
+    /// within [`READY_TIMEOUT`]. `/readyz` answers with this. The database is pinged on one
+    /// connection kept from probe to probe (opened again after a failure), so probes add no
+    /// connections.
     pub async fn ready(&self) -> Result<(), String> {
+        let mut probe = self.probe.lock().await;
         let database = async {
-            let mut table = OutboxTable::connect(&self.config.database_url).await?;
-            table.ping().await
+            if probe.is_none() {
+                *probe = Some(OutboxTable::connect(&self.config.database_url).await?);
+            }
+            probe.as_mut().expect("connected above").ping().await
         };
-        match tokio::time::timeout(Duration::from_secs(5), database).await {
+        let answer = tokio::time::timeout(READY_TIMEOUT, database).await;
+        if !matches!(answer, Ok(Ok(()))) {
+            *probe = None;
+        }
+        match answer {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(format!("database: {e}")),
-            Err(_) => return Err("database: no answer within 5 s".into()),
+            Err(_) => return Err(format!("database: no answer within {READY_TIMEOUT:?}")),
         }
-        self.sink
-            .ready()
-            .await
-            .map_err(|e| format!("{}: {e}", self.sink.name()))
+        drop(probe);
+        match tokio::time::timeout(READY_TIMEOUT, self.sink.ready()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("{}: {e}", self.sink.name())),
+            Err(_) => Err(format!(
+                "{}: no answer within {READY_TIMEOUT:?}",
+                self.sink.name()
+            )),
+        }
     }
 
     /// Runs until `shutdown` is cancelled, then returns after settling the batch in flight.
@@ -117,25 +138,30 @@ impl Relay {
             tracing::error!(error = %e, "the relay does not start");
             return;
         }
-        tokio::spawn(metrics::sample_backlog(
-            self.config.database_url.clone(),
-            self.config.metrics_interval,
-            shutdown.child_token(),
-        ));
+        let tasks = BackgroundTasks::new(&shutdown);
+        let url = &self.config.database_url;
+        let (every, url_) = (self.config.metrics_interval, url.clone());
+        tasks.spawn("backlog sampler", move |stop| {
+            metrics::sample_backlog(url_, every, stop)
+        });
         if let (Mode::Mark, Some(retention)) = (self.config.mode, self.config.retention) {
-            tokio::spawn(prune::prune_periodically(
-                self.config.database_url.clone(),
-                retention,
-                self.config.prune_interval,
-                shutdown.child_token(),
-            ));
+            let (every, url_) = (self.config.prune_interval, url.clone());
+            tasks.spawn("pruner", move |stop| {
+                prune::prune_periodically(url_, retention, every, stop)
+            });
         }
         let mut backoff = self.backoff();
         while !shutdown.is_cancelled() {
-            match self.run_connected(&shutdown).await {
-                Ok(()) => return,
+            let mut connected = false;
+            match self.run_connected(&shutdown, &tasks, &mut connected).await {
+                Ok(()) => break,
                 Err(e) => {
                     metrics::database_error();
+                    // A connection that worked ends the run of failures: the next outage starts
+                    // again from the shortest wait, not where the last one left off.
+                    if connected {
+                        backoff = self.backoff();
+                    }
                     let delay = backoff.next().unwrap_or(self.config.max_backoff);
                     tracing::warn!(
                         error = %e, retry_in = ?delay, database = %redact_url(&self.config.database_url),
@@ -143,31 +169,37 @@ impl Relay {
                     );
                     tokio::select! {
                         () = tokio::time::sleep(delay) => {}
-                        () = shutdown.cancelled() => return,
+                        () = shutdown.cancelled() => break,
                     }
                 }
             }
         }
+        tasks.stop().await;
     }
 
     /// One connection's life: join the replicas, then claim, publish and mark until shutdown or a
-    /// database error.
-    async fn run_connected(&self, shutdown: &CancellationToken) -> Result<(), sqlx::Error> {
+    /// database error. Sets `connected` once it runs.
+    async fn run_connected(
+        &self,
+        shutdown: &CancellationToken,
+        tasks: &BackgroundTasks,
+        connected: &mut bool,
+    ) -> Result<(), sqlx::Error> {
         let mut table = OutboxTable::connect(&self.config.database_url).await?;
         let mut leases = match table.postgres() {
             Some(conn) => Some(Leases::join(conn, self.config.lease_refresh).await?),
             None => None,
         };
-        // The listener lives as long as this connection's life: a reconnect replaces it.
-        let stop_listening = CancellationToken::new();
-        let _stop_listening = stop_listening.clone().drop_guard();
+        // The listener lives as long as this connection: a reconnect drops it and starts another.
+        let connection_tasks = tasks.child();
         let wakeups = match self.config.wakeup {
             Wakeup::Notify => {
-                Some(wakeup::listen(&self.config.database_url, stop_listening).await?)
+                Some(wakeup::listen(&self.config.database_url, &connection_tasks).await?)
             }
             Wakeup::Poll => None,
         };
         tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");
+        *connected = true;
         let mut publish_backoff = self.backoff();
         let mut idle = self.idle_waits();
         // While the broker refuses the relay, nothing is claimed before this; the leases are kept.

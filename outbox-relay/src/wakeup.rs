@@ -47,11 +47,11 @@ CREATE OR REPLACE TRIGGER outbox_notify AFTER INSERT ON outbox
 ";
 
 /// Starts listening on its own connection; the returned [`Notify`] fires on each notification.
-/// The listener reconnects by itself; while it is down, the relay still polls. It stops, closing
-/// its connection, when `stop` is cancelled.
+/// The listener reconnects by itself; while it is down, the relay still polls. It is one of
+/// `tasks`, and stops, closing its connection, with them.
 pub(crate) async fn listen(
     database_url: &str,
-    stop: tokio_util::sync::CancellationToken,
+    tasks: &crate::tasks::BackgroundTasks,
 ) -> Result<Arc<Notify>, sqlx::Error> {
     let (options, timeout) = crate::outbox_table::postgres_options(database_url)?;
     // A pool of one, as `PgListener::connect` makes: it reconnects the listener.
@@ -66,7 +66,7 @@ pub(crate) async fn listen(
     listener.listen(CHANNEL).await?;
     let notify = Arc::new(Notify::new());
     let waker = Arc::clone(&notify);
-    tokio::spawn(async move {
+    tasks.spawn("listener", move |stop| async move {
         loop {
             let received = tokio::select! {
                 () = stop.cancelled() => return,

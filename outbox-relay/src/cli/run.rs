@@ -2,6 +2,7 @@
 
 use super::UsageError;
 use super::settings::Settings;
+use crate::tasks::BackgroundTasks;
 use crate::{Relay, endpoints};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ pub(super) async fn run(settings: &Settings) -> Result<ExitCode, UsageError> {
         return Ok(super::output::failure(&e));
     }
     let shutdown = shutdown_on_signals();
+    let tasks = BackgroundTasks::new(&shutdown);
     if let Some(addr) = settings.http_addr() {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -26,14 +28,15 @@ pub(super) async fn run(settings: &Settings) -> Result<ExitCode, UsageError> {
         let prometheus = crate::metrics::install_prometheus().map_err(UsageError)?;
         let bound = listener.local_addr().map_or(addr, |a| a);
         tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
-        tokio::spawn(endpoints::serve(
-            listener,
-            Arc::clone(&relay),
-            prometheus,
-            shutdown.clone(),
-        ));
+        let relay = Arc::clone(&relay);
+        tasks.spawn("endpoints", move |stop| async move {
+            if let Err(e) = endpoints::serve(listener, relay, prometheus, stop).await {
+                tracing::error!(error = %e, "the endpoints stopped");
+            }
+        });
     }
     relay.run(shutdown).await;
+    tasks.stop().await;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,85 @@
+//! The one owner of the relay's background work: the backlog sampler, the pruner, the LISTEN
+//! listener and the HTTP endpoints.
+//!
+//! Every task gets a stop token from its owner and ends when the owner stops or is dropped; the
+//! owner's [`stop`](BackgroundTasks::stop) waits for them, so no task (and no database connection
+//! of one) outlives the relay. Work tied to one database connection's life (the listener) belongs
+//! to a [`child`](BackgroundTasks::child) owner that the reconnect drops: a reconnect replaces
+//! those tasks instead of adding more.
+
+use std::future::Future;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How long [`BackgroundTasks::stop`] waits for tasks to end before leaving them.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
+/// Background tasks with one owner; see the module documentation.
+///
+/// ```
+/// # use outbox_relay::tasks::BackgroundTasks;
+/// # use tokio_util::sync::CancellationToken;
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let shutdown = CancellationToken::new();
+/// let tasks = BackgroundTasks::new(&shutdown);
+/// tasks.spawn("ticker", |stop| async move { stop.cancelled().await });
+/// shutdown.cancel();
+/// tasks.stop().await; // returns once "ticker" has ended
+/// # });
+/// ```
+#[derive(Debug)]
+pub struct BackgroundTasks {
+    stop: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl BackgroundTasks {
+    /// An owner whose tasks stop when `shutdown` is cancelled, or when it is stopped or dropped.
+    pub fn new(shutdown: &CancellationToken) -> Self {
+        BackgroundTasks {
+            stop: shutdown.child_token(),
+            tracker: TaskTracker::new(),
+        }
+    }
+
+    /// An owner for work that lives as long as something shorter (one database connection):
+    /// stopped with this one, or on its own when dropped.
+    pub fn child(&self) -> Self {
+        BackgroundTasks::new(&self.stop)
+    }
+
+    /// Runs `task`, which must end soon after its stop token is cancelled.
+    pub fn spawn<F>(&self, name: &'static str, task: impl FnOnce(CancellationToken) -> F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let running = task(self.stop.clone());
+        self.tracker.spawn(async move {
+            running.await;
+            tracing::debug!(task = name, "background task ended");
+        });
+    }
+
+    /// Stops every task and waits for them to end (at most 10 s, then leaves the stragglers with a
+    /// warning: shutdown must not hang on them).
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(STOP_WAIT, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                left = self.tracker.len(),
+                "background tasks still running after {STOP_WAIT:?}; leaving them"
+            );
+        }
+    }
+}
+
+impl Drop for BackgroundTasks {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
