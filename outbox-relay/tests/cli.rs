@@ -364,3 +364,59 @@ async fn json_logs_are_one_object_per_line() {
         );
     }
 }
+
+/// Whether process `pid` catches SIGTERM now (bit 15 of `SigCgt` in `/proc/<pid>/status`).
+fn catches_sigterm(pid: u32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (15 - 1)) != 0)
+}
+
+#[test]
+fn sigterm_during_start_up_still_stops_the_relay_with_exit_0() {
+    // The config file is a FIFO: the relay blocks reading it, early in its start-up, until the
+    // test writes the settings.
+    let dir = outbox_tests::temp_dir();
+    let fifo = dir.join("relay.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let mut relay = relay_command()
+        .args(["run", "--config", fifo.to_str().unwrap()])
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map(common::KillOnDrop)
+        .unwrap();
+    // Its SIGTERM handler is in before it reads its settings.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !catches_sigterm(relay.id()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the relay does not catch SIGTERM while it starts"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    common::signal(&relay, "TERM");
+    let database = dir.join("shop.db");
+    std::fs::write(
+        &fifo,
+        format!(
+            "database_url = \"sqlite://{}?mode=rwc\"\nhttp_addr = \"off\"\n[sink]\ntype = \"stdout\"\n",
+            database.display()
+        ),
+    )
+    .unwrap();
+    let (status, stderr) = common::wait_for_exit(
+        &mut relay,
+        std::time::Duration::from_secs(30),
+        "the relay signalled during start-up still runs",
+    );
+    assert_eq!(status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("relay running"), "{stderr}");
+}

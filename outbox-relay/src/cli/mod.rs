@@ -48,11 +48,6 @@ pub fn main() -> ExitCode {
             };
         }
     };
-    let (settings, command) = match load(cli) {
-        Ok(loaded) => loaded,
-        Err(e) => return output::usage_error(&e.0),
-    };
-    output::init_logging(settings.log_format.unwrap_or(settings::LogFormat::Human));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -60,9 +55,27 @@ pub fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return output::failure(&format!("cannot start the runtime: {e}")),
     };
+    // `run` stops gracefully on SIGINT and SIGTERM. Its handlers go in first, before any file is
+    // read or connection opened, so a signal during start-up also means "stop", with exit code 0.
+    // (Other commands keep the default: a signal ends them at once.)
+    let shutdown = match &cli.command {
+        Command::Run(_) => {
+            let _runtime = runtime.enter();
+            match run::shutdown_on_signals() {
+                Ok(token) => Some(token),
+                Err(e) => return output::failure(&format!("cannot handle signals: {e}")),
+            }
+        }
+        _ => None,
+    };
+    let (settings, command) = match load(cli) {
+        Ok(loaded) => loaded,
+        Err(e) => return output::usage_error(&e.0),
+    };
+    output::init_logging(settings.log_format.unwrap_or(settings::LogFormat::Human));
     runtime.block_on(async move {
         let result = match command {
-            Command::Run(_) => run::run(&settings).await,
+            Command::Run(_) => run::run(&settings, shutdown.unwrap_or_default()).await,
             Command::Migrate { notify_trigger, .. } => {
                 migrate::migrate(&settings, notify_trigger).await
             }

@@ -8,7 +8,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-pub(super) async fn run(settings: &Settings) -> Result<ExitCode, UsageError> {
+pub(super) async fn run(
+    settings: &Settings,
+    shutdown: CancellationToken,
+) -> Result<ExitCode, UsageError> {
     let config = settings.relay_config()?;
     let sink_config = settings.sink_config()?;
     outbox_core::check_registrations().map_err(|e| UsageError(e.to_string()))?;
@@ -19,7 +22,6 @@ pub(super) async fn run(settings: &Settings) -> Result<ExitCode, UsageError> {
     if let Err(e) = relay.lock_sqlite() {
         return Ok(super::output::failure(&e));
     }
-    let shutdown = shutdown_on_signals();
     let tasks = BackgroundTasks::new(&shutdown);
     if let Some(addr) = settings.http_addr() {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -42,38 +44,51 @@ pub(super) async fn run(settings: &Settings) -> Result<ExitCode, UsageError> {
 
 /// Cancelled on the first SIGINT or SIGTERM: the relay settles its batch and stops. A second
 /// signal abandons the batch in flight (nothing unacked was marked; it will be sent again) and exits.
-fn shutdown_on_signals() -> CancellationToken {
+/// The handlers are installed when this returns (call it inside the runtime).
+pub(super) fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
+    let mut signals = Signals::install()?;
     let token = CancellationToken::new();
     let cancel = token.clone();
     tokio::spawn(async move {
-        signal().await;
+        signals.next().await;
         tracing::info!("shutting down after the batch in flight (signal again to abandon it)");
         cancel.cancel();
-        signal().await;
+        signals.next().await;
         tracing::warn!("abandoning the batch in flight; it will be published again");
         std::process::exit(0);
     });
-    token
+    Ok(token)
 }
 
-async fn signal() {
+/// SIGINT and SIGTERM, caught from the moment they are installed.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt())?,
+                terminate: signal(SignalKind::terminate())?,
+            })
         }
+        #[cfg(not(unix))]
+        Ok(Signals {})
     }
-    #[cfg(not(unix))]
-    {
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
     }
 }
