@@ -204,4 +204,57 @@ mod tests {
             "payload is not valid JSON"
         );
     }
+
+    mod any_row {
+        //! Property: routing any row never panics; a message keeps the contract (the four
+        //! contract headers first, from the row; the key is the aggregate id; the payload
+        //! untouched), and anything else is a reason to park.
+        use super::*;
+        use proptest::prelude::*;
+
+        fn headers() -> impl Strategy<Value = Option<String>> {
+            prop_oneof![
+                Just(None),
+                ".{0,30}".prop_map(Some),
+                proptest::collection::btree_map("[a-z_]{0,12}", ".{0,8}", 0..4)
+                    .prop_map(|m| Some(serde_json::to_string(&m).unwrap())),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn any_row_becomes_a_message_or_a_reason(
+                id in prop_oneof![".{0,40}", "[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"],
+                aggregate_type in ".{0,20}", aggregate_id in ".{0,20}", event_type in ".{0,20}",
+                event_version in any::<i32>(), topic in proptest::option::of(".{0,20}"),
+                headers in headers(), strict in any::<bool>(),
+            ) {
+                let row = OutboxRow {
+                    id, seq: 1, aggregate_type, aggregate_id, event_type, event_version, topic,
+                    payload: bytes::Bytes::from_static(b"{}"), headers, attempts: 0,
+                    created_ms: None, defect: None,
+                };
+                let router = Router::new("t.{aggregate_type}", strict);
+                match router.message(&row) {
+                    Ok(m) => {
+                        let contract: Vec<(&str, &str)> =
+                            m.headers[..4].iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                        let version = row.event_version.to_string();
+                        let id = m.event_id.to_string();
+                        prop_assert_eq!(contract, vec![
+                            ("id", id.as_str()),
+                            ("event_type", row.event_type.as_str()),
+                            ("aggregate_type", row.aggregate_type.as_str()),
+                            ("event_version", version.as_str()),
+                        ]);
+                        prop_assert!(m.headers[4..].iter().all(|(k, _)| !outbox_core::RESERVED_HEADERS.contains(&k.as_str())));
+                        prop_assert_eq!(&m.key, &row.aggregate_id);
+                        prop_assert_eq!(&m.payload, &row.payload);
+                        prop_assert!(!strict || row.topic.is_some() || router.registered().any(|r| r.event_type == row.event_type));
+                    }
+                    Err(reason) => prop_assert!(!reason.is_empty()),
+                }
+            }
+        }
+    }
 }
