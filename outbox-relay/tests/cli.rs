@@ -311,11 +311,63 @@ fn status_of_an_unreachable_database_fails_with_exit_1() {
 
 #[tokio::test]
 async fn settings_come_from_the_config_file_and_flags_override_them() {
+    use outbox_core::sea_orm::ConnectionTrait;
     let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'cart', 'c-' || g, 'CartChanged', jsonb_build_object('n', g)
+         FROM generate_series(1, 25) g",
+    )
+    .await
+    .unwrap();
     let file = config_file(&format!(
-        "database_url = \"{}\"\nbatch_size = 10\npoll_interval = \"20ms\"\n[sink]\ntype = \"stdout\"\n",
+        "database_url = \"{}\"\nbatch_size = 10\nmode = \"delete\"\npoll_interval = \"20ms\"\n\
+         topic_template = \"from-file.{{aggregate_type}}\"\nhttp_addr = \"off\"\n[sink]\ntype = \"stdout\"\n",
         f.url
     ));
+
+    // `run` takes the file's sink, batch size, mode and template.
+    let mut relay = relay_command()
+        .env("OUTBOX_LOG", "outbox_relay::relay=debug")
+        .args(["--config", &file, "run"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map(common::KillOnDrop)
+        .unwrap();
+    f.wait_until_zero(
+        "SELECT count(*) FROM outbox",
+        std::time::Duration::from_secs(30),
+    )
+    .await;
+    let stdout = relay.stdout.take().unwrap();
+    common::signal(&relay, "TERM");
+    let (status, log) = common::wait_for_exit(
+        &mut relay,
+        std::time::Duration::from_secs(30),
+        "the relay does not stop",
+    );
+    assert_eq!(status.code(), Some(0), "{log}");
+    let printed = std::io::read_to_string(stdout).unwrap();
+    assert_eq!(printed.lines().count(), 25, "{printed}");
+    assert!(
+        printed
+            .lines()
+            .all(|line| line.starts_with(r#"{"topic":"from-file.cart","#)),
+        "{printed}"
+    );
+    let batches: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("batch published"))
+        .collect();
+    assert!(
+        batches
+            .iter()
+            .take(2)
+            .all(|line| line.contains("published=10")),
+        "batches of 10: {batches:?}"
+    );
+
     let output = run(&["--config", &file, "status"]);
     assert!(
         output.status.success(),
@@ -328,7 +380,7 @@ async fn settings_come_from_the_config_file_and_flags_override_them() {
             .contains("backlog:            0 events")
     );
 
-    // The flag wins over the file's (valid) URL.
+    // A flag wins over the file's (valid) URL.
     let output = run(&[
         "--config",
         &file,
