@@ -470,15 +470,15 @@ async fn publish_raw(
 
 /// The headers (Kafka) or properties (Pulsar) of the messages on `topic`.
 async fn headers_on(pulsar: bool, topic: &str, expected: usize) -> Vec<BTreeMap<String, String>> {
-    let (timeout, quiet) = (Duration::from_secs(60), Duration::from_secs(1));
+    let timeout = Duration::from_secs(60);
     if pulsar {
-        common::pulsar::consume(topic, expected, timeout, quiet)
+        common::pulsar::consume(topic, expected, timeout)
             .await
             .into_iter()
             .map(|m| m.properties.into_iter().collect())
             .collect()
     } else {
-        common::kafka::consume(&[topic], expected, timeout, quiet)
+        common::kafka::consume(&[topic], expected, timeout)
             .await
             .into_iter()
             .map(|m| m.headers.into_iter().collect())

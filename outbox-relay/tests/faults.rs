@@ -188,7 +188,6 @@ async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
         &[&f.topic("meter")],
         total as usize,
         Duration::from_secs(120),
-        Duration::from_secs(3),
     )
     .await;
     assert_complete_and_ordered(&received, total);
@@ -239,7 +238,6 @@ async fn pulsar_stops_answering_and_nothing_is_lost() {
         &common::pulsar::topic(&f.topic("meter")),
         total as usize,
         Duration::from_secs(120),
-        Duration::from_secs(3),
     )
     .await;
     let readings = received.iter().map(|m| {
@@ -284,7 +282,6 @@ async fn postgres_restarts_and_the_relay_reconnects() {
         &[&f.topic("meter")],
         total as usize,
         Duration::from_secs(60),
-        Duration::from_secs(3),
     )
     .await;
     assert_complete_and_ordered(&received, total);
@@ -407,7 +404,6 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
         &[&f.topic("meter")],
         TOTAL as usize,
         Duration::from_secs(120),
-        Duration::from_secs(3),
     )
     .await;
     eprintln!("{} deliveries for {TOTAL} events", received.len());

@@ -112,13 +112,7 @@ async fn a_poison_event_holds_its_aggregate_until_retried_or_skipped() {
     f.wait_until_drained(Duration::from_secs(60)).await;
     assert_eq!(common::terminate(&mut relay), Some(0));
 
-    let received = consume(
-        &[&f.topic("stream")],
-        10,
-        Duration::from_secs(60),
-        Duration::from_secs(2),
-    )
-    .await;
+    let received = consume(&[&f.topic("stream")], 10, Duration::from_secs(60)).await;
     assert_eq!(ns(&received, "b"), [1, 2, 3, 4, 5]);
     assert_eq!(
         ns(&received, "a"),
@@ -172,13 +166,7 @@ async fn skip_parked_lets_an_aggregates_later_events_go() {
     let mut relay = f.spawn_relay(&["--skip-parked", "--batch-size", "1"]);
     f.wait_until_drained(Duration::from_secs(60)).await;
     assert_eq!(common::terminate(&mut relay), Some(0));
-    let received = consume(
-        &[&f.topic("stream")],
-        2,
-        Duration::from_secs(30),
-        Duration::from_secs(1),
-    )
-    .await;
+    let received = consume(&[&f.topic("stream")], 2, Duration::from_secs(30)).await;
     assert_eq!(
         ns(&received, "a"),
         [1, 3],

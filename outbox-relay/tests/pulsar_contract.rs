@@ -81,13 +81,7 @@ async fn events_reach_pulsar_with_keys_properties_and_order() {
     common::terminate(&mut relay);
 
     let order_topic = topic(&f.topic("order"));
-    let received = consume(
-        &order_topic,
-        101,
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    )
-    .await;
+    let received = consume(&order_topic, 101, Duration::from_secs(60)).await;
     assert_eq!(received.len(), 101, "one message per event");
 
     // Per aggregate, the order of recording.
@@ -221,13 +215,7 @@ async fn relay_killed_mid_run_loses_nothing_and_keeps_order() {
     f.wait_until_drained(Duration::from_secs(120)).await;
     common::terminate(&mut relay);
 
-    let received = consume(
-        &topic(&f.topic("order")),
-        total,
-        Duration::from_secs(60),
-        Duration::from_secs(1),
-    )
-    .await;
+    let received = consume(&topic(&f.topic("order")), total, Duration::from_secs(60)).await;
     let arrivals = first_arrivals(&received);
     for (order, recorded) in &ids {
         assert_eq!(
@@ -274,7 +262,7 @@ async fn a_reused_producer_name_loses_messages_on_a_deduplicating_broker() {
         }
         producer.close().await.unwrap();
     }
-    let received = consume(&topic, 3, Duration::from_secs(30), Duration::from_secs(2)).await;
+    let received = consume(&topic, 3, Duration::from_secs(30)).await;
     let values: Vec<String> = received
         .iter()
         .map(|m| String::from_utf8(m.payload.clone()).unwrap())

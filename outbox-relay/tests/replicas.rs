@@ -96,13 +96,7 @@ fn deliveries(received: &[Received]) -> HashMap<String, Vec<usize>> {
 /// What a consumer of the fixture's topic received, once every event arrived (checked).
 async fn every_event_received(f: &Fixture) -> Vec<Received> {
     let total = AGGREGATES * ROUNDS;
-    let received = consume(
-        &[&f.topic("account")],
-        total,
-        Duration::from_secs(120),
-        Duration::from_secs(3),
-    )
-    .await;
+    let received = consume(&[&f.topic("account")], total, Duration::from_secs(120)).await;
     let ids: HashSet<&str> = received.iter().map(|m| m.header("id").unwrap()).collect();
     assert_eq!(ids.len(), total, "every event delivered");
     received

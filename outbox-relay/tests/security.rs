@@ -62,7 +62,6 @@ async fn kafka_round_trip(
         &[&topic],
         EVENTS as usize,
         Duration::from_secs(60),
-        Duration::from_millis(500),
     )
     .await;
     let mut by_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
@@ -463,13 +462,7 @@ async fn pulsar_with_a_token_over_tls() {
     relay.stop();
 
     let topic = common::pulsar::topic(&f.topic("secure"));
-    let received = common::pulsar::consume(
-        &topic,
-        EVENTS as usize,
-        Duration::from_secs(60),
-        Duration::from_millis(500),
-    )
-    .await;
+    let received = common::pulsar::consume(&topic, EVENTS as usize, Duration::from_secs(60)).await;
     let mut by_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
     for m in received {
         let n = serde_json::from_slice::<serde_json::Value>(&m.payload).unwrap()["n"]

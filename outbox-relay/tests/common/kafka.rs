@@ -6,6 +6,7 @@ use rdkafka::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// The Kafka brokers of the test run, or a panic that says how to get them.
@@ -50,16 +51,11 @@ impl Received {
     }
 }
 
-/// Reads `topics` from the beginning until at least `expected` messages arrived and then nothing
-/// more for `quiet` (so duplicates are seen too), or until `timeout`. Returns what arrived, in
-/// per-partition order.
-pub async fn consume(
-    topics: &[&str],
-    expected: usize,
-    timeout: Duration,
-    quiet: Duration,
-) -> Vec<Received> {
-    consume_from(&brokers(), topics, expected, timeout, quiet).await
+/// Reads `topics` from the beginning until at least `expected` messages arrived and every
+/// partition is read to its end as it stood then (so duplicates are seen too), or panics after
+/// `timeout`. Returns what arrived, in per-partition order.
+pub async fn consume(topics: &[&str], expected: usize, timeout: Duration) -> Vec<Received> {
+    consume_from(&brokers(), topics, expected, timeout).await
 }
 
 /// [`consume`] from the Kafka at `brokers` (plaintext).
@@ -68,7 +64,6 @@ pub async fn consume_from(
     topics: &[&str],
     expected: usize,
     timeout: Duration,
-    quiet: Duration,
 ) -> Vec<Received> {
     let topics: Vec<String> = topics.iter().map(|t| (*t).to_owned()).collect();
     let brokers = brokers.to_owned();
@@ -85,14 +80,28 @@ pub async fn consume_from(
         consumer.subscribe(&names).expect("subscribe");
         let deadline = Instant::now() + timeout;
         let mut received = Vec::new();
-        let mut last = Instant::now();
-        while Instant::now() < deadline {
-            if received.len() >= expected && last.elapsed() >= quiet {
-                break;
+        // Once `expected` arrived: the end offset of each partition, and the next offset to read.
+        let mut ends: Option<HashMap<(String, i32), i64>> = None;
+        let mut next: HashMap<(String, i32), i64> = HashMap::new();
+        loop {
+            if let Some(ends) = &ends
+                && ends
+                    .iter()
+                    .all(|(partition, end)| next.get(partition).copied().unwrap_or(0) >= *end)
+            {
+                return received;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {expected} messages after {timeout:?} from {topics:?}",
+                received.len()
+            );
+            if ends.is_none() && received.len() >= expected {
+                ends = Some(end_offsets(&consumer, &topics));
             }
             // Errors (an unknown topic while it is being created) are passed over: keep polling.
             if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                last = Instant::now();
+                next.insert((m.topic().to_owned(), m.partition()), m.offset() + 1);
                 let headers = m
                     .headers()
                     .map(|h| {
@@ -117,8 +126,26 @@ pub async fn consume_from(
                 });
             }
         }
-        received
     })
     .await
     .expect("consumer thread")
+}
+
+/// The end offset (high watermark) of every partition of `topics`, skipping empty partitions.
+fn end_offsets(consumer: &BaseConsumer, topics: &[String]) -> HashMap<(String, i32), i64> {
+    let mut ends = HashMap::new();
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .expect("topic metadata");
+        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, partition.id(), Duration::from_secs(10))
+                .expect("watermarks");
+            if high > low {
+                ends.insert((topic.clone(), partition.id()), high);
+            }
+        }
+    }
+    ends
 }

@@ -46,15 +46,10 @@ impl Received {
     }
 }
 
-/// Reads `topic` from the beginning until at least `expected` messages arrived and then nothing
-/// more for `quiet` (so duplicates are seen too), or until `timeout`. Returns what arrived, in
-/// order.
-pub async fn consume(
-    topic: &str,
-    expected: usize,
-    timeout: Duration,
-    quiet: Duration,
-) -> Vec<Received> {
+/// Reads `topic` from the beginning until at least `expected` messages arrived and the topic is
+/// read to its last message as it stood then (so duplicates are seen too), or panics after
+/// `timeout`. Returns what arrived, in order.
+pub async fn consume(topic: &str, expected: usize, timeout: Duration) -> Vec<Received> {
     let client = Pulsar::builder(url(), TokioExecutor)
         .build()
         .await
@@ -72,16 +67,37 @@ pub async fn consume(
         .expect("subscribe");
     let deadline = Instant::now() + timeout;
     let mut received = Vec::new();
-    while Instant::now() < deadline {
-        let wait = if received.len() >= expected {
-            quiet
-        } else {
-            deadline - Instant::now()
-        };
-        let Ok(Some(message)) = tokio::time::timeout(wait, consumer.next()).await else {
-            break;
+    // Once `expected` arrived: the topic's last message, (ledger, entry), and the last one read.
+    let mut last: Option<(u64, u64)> = None;
+    let mut read: (u64, u64) = (0, 0);
+    loop {
+        if received.len() >= expected && last.is_none() {
+            let id = consumer
+                .get_last_message_id()
+                .await
+                .expect("last message id");
+            last = Some(
+                id.iter()
+                    .map(|id| (id.ledger_id, id.entry_id))
+                    .max()
+                    .unwrap_or_default(),
+            );
+        }
+        if last.is_some_and(|last| read >= last) {
+            return received;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(message)) = tokio::time::timeout(left, consumer.next()).await else {
+            panic!(
+                "{} of {expected} messages after {timeout:?} from {topic}",
+                received.len()
+            );
         };
         let message = message.expect("pulsar message");
+        read = read.max((
+            message.message_id().ledger_id,
+            message.message_id().entry_id,
+        ));
         let metadata = message.metadata();
         received.push(Received {
             key: metadata.partition_key.clone().unwrap_or_default(),
@@ -98,5 +114,4 @@ pub async fn consume(
         });
         consumer.ack(&message).await.expect("ack");
     }
-    received
 }
