@@ -252,3 +252,49 @@ pub fn wait_for_exit(
     }
     (status, stderr)
 }
+
+/// The check every crash-and-restart test makes of what a consumer received: every expected
+/// event arrived, and each key's *first* deliveries came in the order the events were recorded
+/// (re-sends after a crash may repeat events, never reorder first arrivals). `received` is
+/// (key, event) in arrival order; `expected` is each key's events in recorded order. Returns how
+/// many deliveries were duplicates.
+pub fn assert_complete_and_ordered<E>(
+    received: impl IntoIterator<Item = (String, E)>,
+    expected: &std::collections::BTreeMap<String, Vec<E>>,
+) -> usize
+where
+    E: Eq + std::hash::Hash + Clone + std::fmt::Debug,
+{
+    let mut seen = std::collections::HashSet::new();
+    let mut firsts: std::collections::BTreeMap<String, Vec<E>> = Default::default();
+    let mut deliveries = 0;
+    for (key, event) in received {
+        deliveries += 1;
+        if seen.insert(event.clone()) {
+            firsts.entry(key).or_default().push(event);
+        }
+    }
+    let missing: Vec<&E> = expected
+        .values()
+        .flatten()
+        .filter(|e| !seen.contains(*e))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} events never arrived, such as {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    for (key, events) in expected {
+        let got = firsts.remove(key).unwrap_or_default();
+        assert!(
+            &got == events,
+            "first deliveries of {key} out of order: {got:?}, recorded {events:?}"
+        );
+    }
+    assert!(
+        firsts.is_empty(),
+        "events nobody recorded arrived: {firsts:?}"
+    );
+    deliveries - seen.len()
+}
