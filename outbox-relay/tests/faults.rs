@@ -407,16 +407,79 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
 async fn a_producer_that_delivers_nothing_is_replaced() {
     use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink, STUCK_AFTER};
     use outbox_relay::sink::{Message, Sink};
-    let mut config = KafkaConfig::new("127.0.0.1:1"); // nothing listens there
+    // The sink's bootstrap address is a proxy that first swallows everything (a broker that
+    // stopped answering), then forwards to the real Kafka.
+    let proxy = Proxy::start(&common::kafka::brokers()).await;
+    let mut config = KafkaConfig::new(&proxy.address);
     config
         .options
         .insert("message.timeout.ms".into(), "300".into());
     let sink = KafkaSink::new(&config).unwrap();
     let first = sink.producer();
-    let batch = [Message::example()];
+    let mut message = Message::example();
+    message.topic = format!("t{}.order", outbox_core::Uuid::now_v7().simple());
+    let batch = [message];
     for n in 1..=STUCK_AFTER {
         assert!(sink.publish(&batch).await[0].is_err());
         let replaced = !std::sync::Arc::ptr_eq(&first, &sink.producer());
         assert_eq!(replaced, n == STUCK_AFTER, "after {n} failed batches");
+    }
+
+    // The broker answers again: the new producer delivers.
+    proxy.forward.store(true, Ordering::Relaxed);
+    let second = sink.producer();
+    let delivered = async {
+        loop {
+            if sink.publish(&batch).await[0].is_ok() {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), delivered)
+        .await
+        .expect("the new producer delivers once the broker answers");
+    assert!(
+        std::sync::Arc::ptr_eq(&second, &sink.producer()),
+        "the producer that delivered is the replacement"
+    );
+    let received = consume(&[&batch[0].topic], 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        received[0].header("id"),
+        Some(batch[0].event_id.to_string().as_str())
+    );
+}
+
+/// A TCP proxy on 127.0.0.1 that holds connections without answering until `forward` is set,
+/// then passes new connections through to `target`.
+struct Proxy {
+    address: String,
+    forward: Arc<AtomicBool>,
+}
+
+impl Proxy {
+    async fn start(target: &str) -> Proxy {
+        let target = target.split(',').next().unwrap().to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let forward = Arc::new(AtomicBool::new(false));
+        tokio::spawn({
+            let forward = forward.clone();
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let (forward, target) = (forward.clone(), target.clone());
+                    tokio::spawn(async move {
+                        if !forward.load(Ordering::Relaxed) {
+                            // Swallow: keep the connection open, never answer.
+                            tokio::time::sleep(Duration::from_secs(600)).await;
+                            return;
+                        }
+                        if let Ok(mut broker) = tokio::net::TcpStream::connect(&target).await {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut broker).await;
+                        }
+                    });
+                }
+            }
+        });
+        Proxy { address, forward }
     }
 }

@@ -231,6 +231,11 @@ async fn relay_killed_mid_run_loses_nothing_and_keeps_order() {
 /// deduplication"): the `pulsar` crate numbers a producer's messages from 0 every time, so on a
 /// deduplicating broker a second producer with the first one's name has its messages dropped as
 /// replays, while the client reports them sent.
+///
+/// This tests the `pulsar` crate, not the relay, on purpose: it is the evidence for that
+/// decision. When it fails, the crate has learnt to set sequence ids (or to honour the broker's
+/// `last_sequence_id`), and the relay can name its producers per shard lease to get broker-side
+/// deduplication across failovers.
 #[tokio::test]
 async fn a_reused_producer_name_loses_messages_on_a_deduplicating_broker() {
     use pulsar::{Pulsar, TokioExecutor};
