@@ -138,16 +138,19 @@ impl Relay {
             tracing::error!(error = %e, "the relay does not start");
             return;
         }
+        // Background work, each on a connection of its own, stopped and awaited before returning.
         let tasks = BackgroundTasks::new(&shutdown);
-        let url = &self.config.database_url;
-        let (every, url_) = (self.config.metrics_interval, url.clone());
+        let (url, every) = (
+            self.config.database_url.clone(),
+            self.config.metrics_interval,
+        );
         tasks.spawn("backlog sampler", move |stop| {
-            metrics::sample_backlog(url_, every, stop)
+            metrics::sample_backlog(url, every, stop)
         });
         if let (Mode::Mark, Some(retention)) = (self.config.mode, self.config.retention) {
-            let (every, url_) = (self.config.prune_interval, url.clone());
+            let (url, every) = (self.config.database_url.clone(), self.config.prune_interval);
             tasks.spawn("pruner", move |stop| {
-                prune::prune_periodically(url_, retention, every, stop)
+                prune::prune_periodically(url, retention, every, stop)
             });
         }
         let mut backoff = self.backoff();
