@@ -1,0 +1,68 @@
+//! The claim costs about one batch, whatever the planner's statistics say: measured in buffers
+//! (pages touched), which do not depend on the machine's speed, after the trap that once made it
+//! scan the whole backlog for every claimed row: a table analyzed while everything was published,
+//! then a burst of new rows.
+
+mod common;
+
+use common::Fixture;
+use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use outbox_relay::{POSTGRES_CLAIM_SQL, POSTGRES_SESSION_SQL};
+
+/// The shared buffers (hit or read) the claim of `batch` rows touches, with the relay's session
+/// settings, over all shards, holding back parked aggregates.
+async fn claim_buffers(f: &Fixture, batch: usize) -> i64 {
+    let claim = POSTGRES_CLAIM_SQL
+        .replace("$1", "ARRAY(SELECT generate_series(0, 255)::smallint)")
+        .replace("$2", &batch.to_string())
+        .replace("$3", "true")
+        .replace("$4", "1000000")
+        .replace("$5", "16777216");
+    let txn = f.db.begin().await.unwrap();
+    txn.execute_unprepared(POSTGRES_SESSION_SQL).await.unwrap();
+    let plan = txn
+        .query_one_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}"),
+        ))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get_by_index::<serde_json::Value>(0)
+        .unwrap();
+    txn.rollback().await.unwrap();
+    let top = &plan[0]["Plan"];
+    let rows = top["Actual Rows"].as_i64().unwrap();
+    assert_eq!(rows, batch as i64, "the claim returns a full batch: {plan}");
+    top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
+}
+
+#[tokio::test]
+async fn a_claim_after_a_burst_costs_one_batch_not_the_backlog() {
+    let f = Fixture::new().await;
+    // Statistics taken while every row was published, then a burst.
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, published_at)
+         SELECT gen_random_uuid(), 'order', 'o-' || (g % 500), 'E', jsonb_build_object('n', g), now()
+         FROM generate_series(1, 2000) g;
+         ANALYZE outbox;
+         INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'order', 'o-' || (g % 500), 'E', jsonb_build_object('n', g)
+         FROM generate_series(1, 14000) g;",
+    )
+    .await
+    .unwrap();
+    let after_burst = claim_buffers(&f, 500).await;
+
+    // The same claim once statistics are fresh: the cost a good plan has.
+    f.db.execute_unprepared("ANALYZE outbox").await.unwrap();
+    let analyzed = claim_buffers(&f, 500).await;
+    eprintln!("claim of 500 rows: {after_burst} buffers after the burst, {analyzed} analyzed");
+    // A good plan touches a few pages per claimed row (index, heap, lock); scanning the backlog
+    // per row touched 120,000 and more.
+    assert!(
+        after_burst <= 2 * analyzed.max(1000),
+        "after the burst the claim touched {after_burst} buffers, against {analyzed} when analyzed"
+    );
+    assert!(after_burst < 10 * 500, "{after_burst} buffers for 500 rows");
+}
