@@ -1,14 +1,15 @@
 //! The relay's reads and writes of the `outbox` table, on PostgreSQL and SQLite.
 //!
-//! PostgreSQL: the claim is a transaction: rows are locked (`FOR UPDATE SKIP LOCKED`) while they are
-//! published, and the same transaction marks them. SQLite allows one relay and one writer at a
-//! time, so rows are read without a transaction and marked in a short one after publishing, leaving
-//! the database free for the application while the broker answers.
+//! On both databases a claim is a plain read, and the outcome is written in one short transaction
+//! after the broker answered: no relay transaction stays open while a broker is slow or away,
+//! so the relay never pins PostgreSQL's xmin horizon (vacuum keeps cleaning the application's
+//! tables). No row lock is needed: on PostgreSQL the replica's shard leases make it the only
+//! publisher of its rows (`leases.rs`), and SQLite allows one relay per database.
 
 use futures::future::BoxFuture;
+use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, Postgres, Transaction};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -181,7 +182,7 @@ pub(crate) enum OutboxTable {
     Sqlite(SqliteConnection),
 }
 
-/// Rows claimed for one batch, and what holds them until [`Claim::settle`].
+/// Rows claimed for one batch, and the connection that settles them ([`Claim::settle`]).
 pub(crate) struct Claim<'c> {
     pub rows: Vec<OutboxRow>,
     /// Whether the claim stopped at a limit (rows or bytes) with more rows waiting: the relay
@@ -191,7 +192,7 @@ pub(crate) struct Claim<'c> {
 }
 
 enum Held<'c> {
-    Postgres(Transaction<'c, Postgres>),
+    Postgres(&'c mut PgConnection),
     Sqlite(&'c mut SqliteConnection),
 }
 
@@ -217,8 +218,9 @@ pub const PG_SESSION: &str =
 /// finds through the small `outbox_blocked` index: the `held` fence keeps the planner off
 /// `outbox_unpublished` there, which stale statistics made it prefer, checking every claimed row
 /// against the whole backlog (135,000 buffers and seconds per claim after a burst). `claimed` then
-/// locks the oldest rows of the shards in `$1` (`smallint[]`), at most `$2`, of aggregates not
-/// blocked; only their sizes are read there. The rows returned are those whose
+/// finds the oldest rows of the shards in `$1` (`smallint[]`), at most `$2`, of aggregates not
+/// blocked; only their sizes are read there. No row is locked: the caller holds the leases of
+/// those shards. The rows returned are those whose
 /// payload and header bytes, added up in `seq` order, stay within `$5` (and always the first):
 /// memory is bounded by the settings, not by what the table holds. A payload over `$4` bytes is not
 /// read at all (`payload` is NULL): the relay parks the row.
@@ -240,7 +242,6 @@ WITH held AS MATERIALIZED (
                       WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id)
     ORDER BY o.seq
     LIMIT $2
-    FOR UPDATE OF o SKIP LOCKED
 ), sized AS (
     SELECT c.*, sum(CASE WHEN c.payload_bytes <= $4 THEN c.payload_bytes ELSE 0 END + c.header_bytes)
                     OVER (ORDER BY c.seq) AS running_bytes,
@@ -326,7 +327,6 @@ impl OutboxTable {
         let batch_bytes = i64::try_from(limits.max_batch_bytes).unwrap_or(i64::MAX);
         match self {
             OutboxTable::Postgres(conn) => {
-                let mut tx = conn.begin().await?;
                 let (rows, full) = read_rows(
                     sqlx::query(PG_CLAIM)
                         .bind(shards)
@@ -334,14 +334,14 @@ impl OutboxTable {
                         .bind(hold_parked)
                         .bind(payload_bytes)
                         .bind(batch_bytes)
-                        .fetch(&mut *tx),
+                        .fetch(&mut *conn),
                     limits,
                 )
                 .await?;
                 Ok(Claim {
                     rows,
                     full,
-                    held: Held::Postgres(tx),
+                    held: Held::Postgres(conn),
                 })
             }
             OutboxTable::Sqlite(conn) => {
@@ -487,10 +487,11 @@ where
 }
 
 impl Claim<'_> {
-    /// Records the outcome of the batch and releases the claim.
+    /// Records the outcome of the batch, in one short transaction.
     pub async fn settle(self, outcome: &Outcome, mode: Mode) -> Result<(), sqlx::Error> {
         match self.held {
-            Held::Postgres(mut tx) => {
+            Held::Postgres(conn) => {
+                let mut tx = conn.begin().await?;
                 settle_postgres(&mut tx, outcome, mode).await?;
                 tx.commit().await
             }

@@ -232,8 +232,8 @@ impl Relay {
                 continue;
             }
 
-            // Claim the oldest unpublished rows of those shards whose aggregate is not blocked,
-            // locked until settled.
+            // Claim the oldest unpublished rows of those shards whose aggregate is not blocked (a
+            // plain read: the leases make this replica their only publisher).
             let started = std::time::Instant::now();
             let hold_parked = !self.config.skip_parked;
             let claim = table.claim(&self.limits(), &shards, hold_parked).await?;
@@ -253,7 +253,7 @@ impl Relay {
             };
             let refused = self.record_results(&sent, &messages, results, &mut outcome);
 
-            // Mark (or delete) what the broker acked, in the claim's transaction.
+            // Mark (or delete) what the broker acked, in one short transaction.
             claim.settle(&outcome, self.config.mode).await?;
             log_batch(claimed, &outcome);
             if claimed > 0 {

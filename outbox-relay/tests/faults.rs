@@ -90,6 +90,47 @@ impl Writer {
     }
 }
 
+/// Samples `pg_stat_activity` every 100 ms until finished: the age of the oldest open transaction of
+/// the connections named `name`.
+struct TransactionWatch {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<(Duration, u64)>,
+}
+
+impl TransactionWatch {
+    fn start(f: &Fixture, name: &str) -> TransactionWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sql = format!(
+            "SELECT coalesce(max((extract(epoch FROM clock_timestamp() - xact_start) * 1000)::int8), 0)
+             FROM pg_stat_activity WHERE application_name = '{name}' AND xact_start IS NOT NULL"
+        );
+        let task = tokio::spawn({
+            let (db, stop) = (f.db.clone(), stop.clone());
+            async move {
+                let (mut oldest, mut samples) = (0, 0);
+                while !stop.load(Ordering::Relaxed) {
+                    let row = db
+                        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql.clone()))
+                        .await;
+                    if let Ok(Some(row)) = row {
+                        oldest = oldest.max(row.try_get_by_index::<i64>(0).unwrap_or(0));
+                        samples += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                (Duration::from_millis(oldest.unsigned_abs()), samples)
+            }
+        });
+        TransactionWatch { stop, task }
+    }
+
+    /// The oldest transaction seen, and how many samples were taken.
+    async fn finish(self) -> (Duration, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
 /// Readings 0..total of `meters` meters, as the writers record them: reading n is meter
 /// `m-{n % meters}`'s.
 fn readings(total: u64, meters: u64) -> BTreeMap<String, Vec<u64>> {
@@ -124,7 +165,16 @@ async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
     let f = Fixture::new().await;
     let port = free_port();
-    let mut relay = f.spawn_relay(&["--http-addr", &format!("127.0.0.1:{port}")]);
+    // The relay's connections get a name of their own, to watch their transactions.
+    let name = format!("relay-{}", f.prefix);
+    let named = Fixture {
+        db: f.db.clone(),
+        url: format!("{}&application_name={name}", f.url),
+        template: f.template.clone(),
+        prefix: f.prefix.clone(),
+    };
+    let mut relay = named.spawn_relay(&["--http-addr", &format!("127.0.0.1:{port}")]);
+    let oldest_transaction = TransactionWatch::start(&f, &name);
     let writer = Writer::start(&f, Duration::from_millis(5));
     f.wait_until_zero(
         "SELECT CASE WHEN count(*) >= 200 THEN 0 ELSE 1 END::bigint FROM outbox WHERE published_at IS NOT NULL",
@@ -173,6 +223,14 @@ async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(common::terminate(&mut relay), Some(0));
+    // No relay transaction stayed open while the broker was away (it would pin the xmin horizon).
+    let (oldest, samples) = oldest_transaction.finish().await;
+    eprintln!("oldest relay transaction seen: {oldest:?} in {samples} samples");
+    assert!(samples > 100, "only {samples} samples of pg_stat_activity");
+    assert!(
+        oldest < Duration::from_secs(2),
+        "a relay transaction stayed open {oldest:?} while the broker was away"
+    );
 
     let received = consume(
         &[&f.topic("meter")],
