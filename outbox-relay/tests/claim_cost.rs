@@ -7,17 +7,12 @@ mod common;
 
 use common::Fixture;
 use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
-use outbox_relay::{POSTGRES_CLAIM_SQL, POSTGRES_SESSION_SQL};
+use outbox_relay::POSTGRES_SESSION_SQL;
 
 /// The shared buffers (hit or read) the claim of `batch` rows touches, with the relay's session
 /// settings, over all shards, holding back parked aggregates.
 async fn claim_buffers(f: &Fixture, batch: usize) -> i64 {
-    let claim = POSTGRES_CLAIM_SQL
-        .replace("$1", "ARRAY(SELECT generate_series(0, 255)::smallint)")
-        .replace("$2", &batch.to_string())
-        .replace("$3", "true")
-        .replace("$4", "1000000")
-        .replace("$5", "16777216");
+    let claim = common::claim_sql(batch);
     let txn = f.db.begin().await.unwrap();
     txn.execute_unprepared(POSTGRES_SESSION_SQL).await.unwrap();
     let plan = txn

@@ -298,3 +298,15 @@ where
     );
     deliveries - seen.len()
 }
+
+/// The relay's claim query (`POSTGRES_CLAIM_SQL`) with its parameters written in: every shard,
+/// `batch` rows, parked aggregates held back, the relay's default byte limits.
+pub fn claim_sql(batch: usize) -> String {
+    let config = RelayConfig::new("postgres://unused");
+    outbox_relay::POSTGRES_CLAIM_SQL
+        .replace("$1", "ARRAY(SELECT generate_series(0, 255)::smallint)")
+        .replace("$2", &batch.to_string())
+        .replace("$3", "true")
+        .replace("$4", &config.max_payload_bytes.to_string())
+        .replace("$5", &config.max_batch_bytes.to_string())
+}
