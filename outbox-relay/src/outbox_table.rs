@@ -226,10 +226,12 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET enable_seqscan = off; \
 /// against the whole backlog (135,000 buffers and seconds per claim after a burst). `claimed` then
 /// finds the oldest rows of the shards in `$1` (`smallint[]`), at most `$2`, of aggregates not
 /// blocked; only their sizes are read there. No row is locked: the caller holds the leases of
-/// those shards. The rows returned are those whose
-/// payload and header bytes, added up in `seq` order, stay within `$5` (and always the first):
-/// memory is bounded by the settings, not by what the table holds. A payload over `$4` bytes is not
-/// read at all (`payload` is NULL): the relay parks the row.
+/// those shards. `claimed` reads every column the relay needs in that one pass, the payload
+/// converted to text once; a payload larger than its share of the batch (`$5 / $2` bytes) is left
+/// for the final select to read, so `claimed` holds at most about `$5` bytes. The rows returned
+/// are those whose payload and header bytes, added up in `seq` order, stay within `$5` (and always
+/// the first): memory is bounded by the settings, not by what the table holds. A payload over `$4`
+/// bytes is not read at all (`payload` is NULL): the relay parks the row.
 pub const PG_CLAIM: &str = "
 WITH held AS MATERIALIZED (
     SELECT p.aggregate_type, p.aggregate_id, p.published_at, p.retry_at, p.parked_at
@@ -240,27 +242,34 @@ WITH held AS MATERIALIZED (
     FROM held h
     WHERE h.published_at IS NULL AND (h.retry_at > now() OR ($3 AND h.parked_at IS NOT NULL))
 ), claimed AS MATERIALIZED (
-    SELECT o.id, o.seq, octet_length(o.payload::text)::int8 AS payload_bytes,
-           coalesce(octet_length(o.headers::text), 0)::int8 AS header_bytes
-    FROM outbox o
+    SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version, o.topic,
+           o.headers::text AS headers, o.attempts, o.created_at,
+           octet_length(t.payload)::int8 AS payload_bytes,
+           CASE WHEN octet_length(t.payload) <= $5 / $2 THEN t.payload END AS small_payload
+    FROM outbox o CROSS JOIN LATERAL (SELECT o.payload::text AS payload OFFSET 0) t
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
       AND NOT EXISTS (SELECT 1 FROM blocked b
                       WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id)
     ORDER BY o.seq
     LIMIT $2
 ), sized AS (
-    SELECT c.*, sum(CASE WHEN c.payload_bytes <= $4 THEN c.payload_bytes ELSE 0 END + c.header_bytes)
-                    OVER (ORDER BY c.seq) AS running_bytes,
-           row_number() OVER (ORDER BY c.seq) AS position,
-           count(*) OVER () AS candidates
+    -- int4 terms: their sum is a fast int8, not a numeric.
+    SELECT c.*, sum((CASE WHEN c.payload_bytes <= $4 THEN c.payload_bytes ELSE 0 END
+                     + coalesce(octet_length(c.headers), 0))::int4) OVER w AS running_bytes,
+           row_number() OVER w AS position,
+           (SELECT count(*) FROM claimed) AS candidates
     FROM claimed c
+    WINDOW w AS (ORDER BY c.seq)
 )
-SELECT o.id::text AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
-       o.topic, CASE WHEN s.payload_bytes <= $4 THEN o.payload::text END AS payload,
-       s.payload_bytes, o.headers::text AS headers, o.attempts,
-       CASE WHEN isfinite(o.created_at) THEN (extract(epoch FROM o.created_at) * 1000)::int8 END AS created_ms,
+SELECT s.id::text AS id, s.seq, s.aggregate_type, s.aggregate_id, s.event_type, s.event_version,
+       s.topic,
+       CASE WHEN s.payload_bytes <= $4
+            THEN coalesce(s.small_payload, (SELECT o.payload::text FROM outbox o WHERE o.id = s.id))
+       END AS payload,
+       s.payload_bytes, s.headers, s.attempts,
+       CASE WHEN isfinite(s.created_at) THEN (extract(epoch FROM s.created_at) * 1000)::int8 END AS created_ms,
        true AS payload_valid, s.candidates
-FROM sized s JOIN outbox o ON o.id = s.id
+FROM sized s
 WHERE s.running_bytes <= $5 OR s.position = 1
 ORDER BY s.seq";
 
