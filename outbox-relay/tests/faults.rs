@@ -167,13 +167,9 @@ async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
     let port = free_port();
     // The relay's connections get a name of their own, to watch their transactions.
     let name = format!("relay-{}", f.prefix);
-    let named = Fixture {
-        db: f.db.clone(),
-        url: format!("{}&application_name={name}", f.url),
-        template: f.template.clone(),
-        prefix: f.prefix.clone(),
-    };
-    let mut relay = named.spawn_relay(&["--http-addr", &format!("127.0.0.1:{port}")]);
+    let mut relay = f
+        .named(&name)
+        .spawn_relay(&["--http-addr", &format!("127.0.0.1:{port}")]);
     let oldest_transaction = TransactionWatch::start(&f, &name);
     let writer = Writer::start(&f, Duration::from_millis(5));
     f.wait_until_zero(
@@ -340,24 +336,16 @@ async fn ten_postgres_restarts_leave_the_relay_its_own_few_connections() {
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
     let f = Fixture::new().await;
     let name = format!("relay-{}", f.prefix);
-    let url = format!("{}&application_name={name}", f.url);
     let port = free_port();
-    let mut relay = common::relay_command()
-        .args([
-            "run",
-            "--database-url",
-            &url,
-            "--sink",
-            "stdout",
+    let mut relay = f.named(&name).spawn_relay_to(
+        &["--sink", "stdout"],
+        &[
             "--wakeup",
             "notify",
-        ])
-        .args(["--lease-refresh", "300ms"])
-        .args(["--http-addr", &format!("127.0.0.1:{port}")])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .map(common::KillOnDrop)
-        .unwrap();
+            "--http-addr",
+            &format!("127.0.0.1:{port}"),
+        ],
+    );
     let named = format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'");
     let listening = format!("{named} AND query LIKE 'LISTEN%'");
     // One LISTEN connection, and at most the claiming, listening, sampling, pruning and
@@ -463,6 +451,8 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
 /// `STUCK_AFTER` batches with nothing delivered, the sink works with a new producer.
 #[tokio::test]
 async fn a_producer_that_delivers_nothing_is_replaced() {
+    // It reads back from Kafka, which the other fault tests pause.
+    let _one = ONE_FAULT_AT_A_TIME.lock().await;
     use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink, STUCK_AFTER};
     use outbox_relay::sink::{Message, Sink};
     // The sink's bootstrap address is a proxy that first swallows everything (a broker that
@@ -527,8 +517,10 @@ impl Proxy {
                     let (forward, target) = (forward.clone(), target.clone());
                     tokio::spawn(async move {
                         if !forward.load(Ordering::Relaxed) {
-                            // Swallow: keep the connection open, never answer.
-                            tokio::time::sleep(Duration::from_secs(600)).await;
+                            // Swallow: hold the connection open and never answer (until the test
+                            // ends and its runtime drops this task).
+                            let _held = client;
+                            std::future::pending::<()>().await;
                             return;
                         }
                         if let Ok(mut broker) = tokio::net::TcpStream::connect(&target).await {

@@ -146,12 +146,7 @@ async fn a_replica_killed_mid_run_loses_nothing_and_keeps_first_delivery_order()
     wait_for_holders(&f, 3).await;
 
     let writing = tokio::spawn({
-        let f = Fixture {
-            db: f.db.clone(),
-            url: f.url.clone(),
-            template: f.template.clone(),
-            prefix: f.prefix.clone(),
-        };
+        let f = f.clone();
         async move { write_all(&f).await }
     });
     // Kill one replica once a quarter of the events are out, while the others keep going.

@@ -135,17 +135,40 @@ pub async fn consume_from(
 fn end_offsets(consumer: &BaseConsumer, topics: &[String]) -> HashMap<(String, i32), i64> {
     let mut ends = HashMap::new();
     for topic in topics {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .expect("topic metadata");
-        for partition in metadata.topics().iter().flat_map(|t| t.partitions()) {
-            let (low, high) = consumer
-                .fetch_watermarks(topic, partition.id(), Duration::from_secs(10))
-                .expect("watermarks");
+        let partitions: Vec<i32> = retried("topic metadata", || {
+            consumer
+                .fetch_metadata(Some(topic), Duration::from_secs(10))
+                .map(|m| {
+                    m.topics()
+                        .iter()
+                        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+                        .collect()
+                })
+        });
+        for partition in partitions {
+            let (low, high) = retried("watermarks", || {
+                consumer.fetch_watermarks(topic, partition, Duration::from_secs(10))
+            });
             if high > low {
-                ends.insert((topic.clone(), partition.id()), high);
+                ends.insert((topic.clone(), partition), high);
             }
         }
     }
     ends
+}
+
+/// `request`'s answer, asked again for up to 30 s: a broker that just came back may fail a
+/// request or two.
+fn retried<T>(what: &str, mut request: impl FnMut() -> rdkafka::error::KafkaResult<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match request() {
+            Ok(answer) => return answer,
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("{what}: {e}; asking again");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
 }

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A fresh PostgreSQL schema with the outbox tables, and topics of its own.
+#[derive(Clone)]
 pub struct Fixture {
     pub db: DatabaseConnection,
     /// A database URL whose connections use the fixture's schema.
@@ -32,6 +33,14 @@ impl Fixture {
             url: outbox_tests::schema_url(&schema),
             template: format!("{prefix}.{{aggregate_type}}"),
             prefix,
+        }
+    }
+
+    /// The same fixture, whose relays name their connections `name` in `pg_stat_activity`.
+    pub fn named(&self, name: &str) -> Fixture {
+        Fixture {
+            url: format!("{}&application_name={name}", self.url),
+            ..self.clone()
         }
     }
 
