@@ -5,7 +5,7 @@
 
 use crate::{Error, NewEvent, OutboxEvent, Result};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement};
-use serde_json::{Value, json};
+
 use std::future::Future;
 use uuid::Uuid;
 
@@ -63,16 +63,16 @@ pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> 
     if events.is_empty() {
         return Ok(Vec::new());
     }
+    let backend = txn.get_database_backend();
+    let sql = match backend {
+        DbBackend::Postgres => POSTGRES_INSERT,
+        DbBackend::Sqlite => SQLITE_INSERT,
+        other => return Err(Error::UnsupportedBackend(other)),
+    };
     let limit = crate::max_payload_bytes();
-    for event in &events {
-        let bytes = json_len(&event.payload);
-        if bytes > limit {
-            return Err(Error::PayloadTooLarge {
-                event_type: event.event_type.clone(),
-                bytes,
-                limit,
-            });
-        }
+    let mut param = Vec::with_capacity(256 * events.len());
+    param.push(b'[');
+    for (n, event) in events.iter().enumerate() {
         if let Some(name) = event
             .headers
             .keys()
@@ -83,53 +83,63 @@ pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> 
                 event_type: event.event_type.clone(),
             });
         }
+        if n > 0 {
+            param.push(b',');
+        }
+        write_row(&mut param, event, limit)?;
     }
-    let backend = txn.get_database_backend();
-    let sql = match backend {
-        DbBackend::Postgres => POSTGRES_INSERT,
-        DbBackend::Sqlite => SQLITE_INSERT,
-        other => return Err(Error::UnsupportedBackend(other)),
-    };
-    let ids = events.iter().map(|e| e.id).collect();
-    let rows: Vec<Value> = events.into_iter().map(row).collect();
-    let param = Value::Array(rows).to_string();
+    param.push(b']');
+    // Serialized from `Value`s and `String`s: valid UTF-8.
+    let param = String::from_utf8(param).expect("serde_json writes UTF-8");
     txn.execute_raw(Statement::from_sql_and_values(backend, sql, [param.into()]))
         .await?;
-    Ok(ids)
+    Ok(events.iter().map(|e| e.id).collect())
 }
 
-/// The length of `value` serialized, counted without building the string.
-fn json_len(value: &Value) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
+/// Appends `event` as one JSON object of the statement's array parameter. The payload is
+/// serialized once, straight into the parameter, and its size checked against `limit` there.
+fn write_row(param: &mut Vec<u8>, event: &NewEvent, limit: usize) -> Result<()> {
+    /// Every column but the payload.
+    #[derive(serde::Serialize)]
+    struct Columns<'e> {
+        id: Uuid,
+        aggregate_type: &'e str,
+        aggregate_id: &'e str,
+        event_type: &'e str,
+        event_version: i32,
+        topic: Option<&'e str>,
+        #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+        headers: &'e std::collections::BTreeMap<String, String>,
     }
-    let mut count = Count(0);
-    // Writing a `Value` into a counter cannot fail.
-    let _ = serde_json::to_writer(&mut count, value);
-    count.0
-}
-
-fn row(event: NewEvent) -> Value {
-    let mut row = json!({
-        "id": event.id,
-        "aggregate_type": event.aggregate_type,
-        "aggregate_id": event.aggregate_id,
-        "event_type": event.event_type,
-        "event_version": event.event_version,
-        "topic": event.topic,
-        "payload": event.payload,
-    });
-    if !event.headers.is_empty() {
-        row["headers"] = json!(event.headers);
+    let serialize_error = |source| Error::Serialize {
+        event_type: event.event_type.clone(),
+        source,
+    };
+    param.extend_from_slice(br#"{"payload":"#);
+    let start = param.len();
+    serde_json::to_writer(&mut *param, &event.payload).map_err(serialize_error)?;
+    let bytes = param.len() - start;
+    if bytes > limit {
+        return Err(Error::PayloadTooLarge {
+            event_type: event.event_type.clone(),
+            bytes,
+            limit,
+        });
     }
-    row
+    let columns = serde_json::to_vec(&Columns {
+        id: event.id,
+        aggregate_type: &event.aggregate_type,
+        aggregate_id: &event.aggregate_id,
+        event_type: &event.event_type,
+        event_version: event.event_version,
+        topic: event.topic.as_deref(),
+        headers: &event.headers,
+    })
+    .map_err(serialize_error)?;
+    // `columns` is `{...}` with at least the id: continue the object after the payload.
+    param.push(b',');
+    param.extend_from_slice(&columns[1..]);
+    Ok(())
 }
 
 /// Locks every aggregate of the batch in ascending key order (so concurrent writers of the same
