@@ -6,29 +6,19 @@
 mod common;
 
 use common::Fixture;
-use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
-use outbox_relay::POSTGRES_SESSION_SQL;
+use outbox_core::sea_orm::ConnectionTrait;
 
 /// The shared buffers (hit or read) the claim of `batch` rows touches, with the relay's session
 /// settings, over all shards, holding back parked aggregates.
 async fn claim_buffers(f: &Fixture, batch: usize) -> i64 {
-    let claim = common::claim_sql(batch);
-    let txn = f.db.begin().await.unwrap();
-    txn.execute_unprepared(POSTGRES_SESSION_SQL).await.unwrap();
-    let plan = txn
-        .query_one_raw(Statement::from_string(
-            DbBackend::Postgres,
-            format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {claim}"),
-        ))
-        .await
-        .unwrap()
-        .unwrap()
-        .try_get_by_index::<serde_json::Value>(0)
-        .unwrap();
-    txn.rollback().await.unwrap();
-    let top = &plan[0]["Plan"];
+    let plan: Vec<serde_json::Value> =
+        common::explain_claim(f, "ANALYZE, BUFFERS, FORMAT JSON", batch).await;
+    let top = &plan[0][0]["Plan"];
     let rows = top["Actual Rows"].as_i64().unwrap();
-    assert_eq!(rows, batch as i64, "the claim returns a full batch: {plan}");
+    assert_eq!(
+        rows, batch as i64,
+        "the claim returns a full batch: {plan:?}"
+    );
     top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
 }
 

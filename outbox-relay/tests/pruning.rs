@@ -60,19 +60,7 @@ async fn the_running_relay_prunes_on_its_timer() {
 
 /// The claim's plan, as the relay's session plans it.
 async fn claim_plan(f: &Fixture) -> String {
-    let explain = format!("EXPLAIN {}", common::claim_sql(500));
-    let txn = f.db.begin().await.unwrap();
-    txn.execute_unprepared(outbox_relay::POSTGRES_SESSION_SQL)
-        .await
-        .unwrap();
-    let plan: Vec<String> = txn
-        .query_all_raw(Statement::from_string(DbBackend::Postgres, explain))
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.try_get_by_index::<String>(0).unwrap())
-        .collect();
-    txn.rollback().await.unwrap();
+    let plan: Vec<String> = common::explain_claim(f, "COSTS ON", 500).await;
     plan.join("\n")
 }
 

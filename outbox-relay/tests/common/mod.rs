@@ -308,6 +308,31 @@ where
     deliveries - seen.len()
 }
 
+/// `EXPLAIN (options)` of the claim of `batch` rows ([`claim_sql`]) with the relay's session
+/// settings, in a transaction rolled back afterwards: the plan's rows (text lines, or one JSON
+/// document with `FORMAT JSON`).
+pub async fn explain_claim<T: outbox_core::sea_orm::TryGetable>(
+    f: &Fixture,
+    options: &str,
+    batch: usize,
+) -> Vec<T> {
+    use outbox_core::sea_orm::TransactionTrait;
+    let txn = f.db.begin().await.unwrap();
+    txn.execute_unprepared(outbox_relay::POSTGRES_SESSION_SQL)
+        .await
+        .unwrap();
+    let explain = format!("EXPLAIN ({options}) {}", claim_sql(batch));
+    let plan = txn
+        .query_all_raw(Statement::from_string(DbBackend::Postgres, explain))
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.try_get_by_index::<T>(0).unwrap())
+        .collect();
+    txn.rollback().await.unwrap();
+    plan
+}
+
 /// The relay's claim query (`POSTGRES_CLAIM_SQL`) with its parameters written in: every shard,
 /// `batch` rows, parked aggregates held back, the relay's default byte limits.
 pub fn claim_sql(batch: usize) -> String {
