@@ -99,18 +99,6 @@ pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> 
 /// Appends `event` as one JSON object of the statement's array parameter. The payload is
 /// serialized once, straight into the parameter, and its size checked against `limit` there.
 fn write_row(param: &mut Vec<u8>, event: &NewEvent, limit: usize) -> Result<()> {
-    /// Every column but the payload.
-    #[derive(serde::Serialize)]
-    struct Columns<'e> {
-        id: Uuid,
-        aggregate_type: &'e str,
-        aggregate_id: &'e str,
-        event_type: &'e str,
-        event_version: i32,
-        topic: Option<&'e str>,
-        #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-        headers: &'e std::collections::BTreeMap<String, String>,
-    }
     let serialize_error = |source| Error::Serialize {
         event_type: event.event_type.clone(),
         source,
@@ -126,20 +114,35 @@ fn write_row(param: &mut Vec<u8>, event: &NewEvent, limit: usize) -> Result<()> 
             limit,
         });
     }
-    let columns = serde_json::to_vec(&Columns {
-        id: event.id,
-        aggregate_type: &event.aggregate_type,
-        aggregate_id: &event.aggregate_id,
-        event_type: &event.event_type,
-        event_version: event.event_version,
-        topic: event.topic.as_deref(),
-        headers: &event.headers,
-    })
-    .map_err(serialize_error)?;
-    // `columns` is `{...}` with at least the id: continue the object after the payload.
-    param.push(b',');
-    param.extend_from_slice(&columns[1..]);
+    let mut columns = || -> serde_json::Result<()> {
+        write_field(param, "id", &event.id)?;
+        write_field(param, "aggregate_type", &event.aggregate_type)?;
+        write_field(param, "aggregate_id", &event.aggregate_id)?;
+        write_field(param, "event_type", &event.event_type)?;
+        write_field(param, "event_version", &event.event_version)?;
+        write_field(param, "topic", &event.topic)?;
+        if !event.headers.is_empty() {
+            write_field(param, "headers", &event.headers)?;
+        }
+        Ok(())
+    };
+    columns().map_err(serialize_error)?;
+    param.push(b'}');
     Ok(())
+}
+
+/// Appends `,"name":value` to an open JSON object. (Written field by field rather than through a
+/// derived struct: a `Serialize` type here would show up in rustc's list of `Serialize` impls
+/// in users' compile errors.)
+fn write_field(
+    param: &mut Vec<u8>,
+    name: &str,
+    value: &impl serde::Serialize,
+) -> serde_json::Result<()> {
+    param.push(b',');
+    serde_json::to_writer(&mut *param, name)?;
+    param.push(b':');
+    serde_json::to_writer(&mut *param, value)
 }
 
 /// Locks every aggregate of the batch in ascending key order (so concurrent writers of the same
