@@ -4,8 +4,9 @@
 //! least once, in order per aggregate, with any number of replicas against one database.
 //!
 //! The loop ([`Relay::run`], in `relay.rs`): claim the oldest unpublished rows of this replica's
-//! shards, publish them all (sends pipelined), mark what the broker acked, commit. A crash between
-//! the ack and the commit re-sends the batch; a rolled-back business transaction is never seen.
+//! shards, hand them all to the sink, and, while the broker answers, claim the next batch; then
+//! mark what the broker acked, in one short transaction. A crash between the ack and the commit
+//! re-sends what was not marked; a rolled-back business transaction is never seen.
 //!
 //! ## Your own relay binary
 //! The relay routes by the event types registered in its binary. To link yours in, reference the
@@ -38,6 +39,7 @@ pub mod endpoints;
 pub mod failed;
 mod leases;
 pub mod metrics;
+mod ordering;
 mod outbox_table;
 mod prune;
 mod redact;

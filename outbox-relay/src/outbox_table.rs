@@ -182,18 +182,12 @@ pub(crate) enum OutboxTable {
     Sqlite(SqliteConnection),
 }
 
-/// Rows claimed for one batch, and the connection that settles them ([`Claim::settle`]).
-pub(crate) struct Claim<'c> {
+/// Rows claimed for one batch.
+pub(crate) struct Claim {
     pub rows: Vec<OutboxRow>,
     /// Whether the claim stopped at a limit (rows or bytes) with more rows waiting: the relay
     /// claims again at once.
     pub full: bool,
-    held: Held<'c>,
-}
-
-enum Held<'c> {
-    Postgres(&'c mut PgConnection),
-    Sqlite(&'c mut SqliteConnection),
 }
 
 /// Set on the relay's PostgreSQL sessions, so the claim costs one batch whatever the statistics.
@@ -225,7 +219,8 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET enable_seqscan = off; \
 /// `outbox_unpublished` there, which stale statistics made it prefer, checking every claimed row
 /// against the whole backlog (135,000 buffers and seconds per claim after a burst). `claimed` then
 /// finds the oldest rows of the shards in `$1` (`smallint[]`), at most `$2`, of aggregates not
-/// blocked; only their sizes are read there. No row is locked: the caller holds the leases of
+/// blocked, skipping the rows whose `seq` is in `$6` (`int8[]`: the batch in flight, not settled
+/// yet). No row is locked: the caller holds the leases of
 /// those shards. `claimed` reads every column the relay needs in that one pass, the payload
 /// converted to text once; a payload larger than its share of the batch (`$5 / $2` bytes) is left
 /// for the final select to read, so `claimed` holds at most about `$5` bytes. The rows returned
@@ -248,6 +243,7 @@ WITH held AS MATERIALIZED (
            CASE WHEN octet_length(t.payload) <= $5 / $2 THEN t.payload END AS small_payload
     FROM outbox o CROSS JOIN LATERAL (SELECT o.payload::text AS payload OFFSET 0) t
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.shard = ANY($1)
+      AND o.seq <> ALL($6)
       AND NOT EXISTS (SELECT 1 FROM blocked b
                       WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id)
     ORDER BY o.seq
@@ -274,7 +270,7 @@ WHERE s.running_bytes <= $5 OR s.position = 1
 ORDER BY s.seq";
 
 /// The claim on SQLite, as [`PG_CLAIM`] (`?1` rows, `?2` hold parked, `?3` payload and `?4`
-/// batch bytes); without locks, as one relay serves a SQLite database. Text columns of a
+/// batch bytes, `?5` the seqs in flight as a JSON array); without locks, as one relay serves a SQLite database. Text columns of a
 /// hand-written row may hold any type: the relay reads each row column by column.
 const SQLITE_CLAIM: &str = "
 WITH claimed AS (
@@ -282,6 +278,7 @@ WITH claimed AS (
            coalesce(length(CAST(o.headers AS BLOB)), 0) AS header_bytes
     FROM outbox o
     WHERE o.published_at IS NULL AND o.parked_at IS NULL
+      AND o.seq NOT IN (SELECT value FROM json_each(?5))
       AND NOT EXISTS (SELECT 1 FROM outbox p
                       WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
                         AND p.published_at IS NULL
@@ -329,14 +326,16 @@ impl OutboxTable {
     }
 
     /// Claims the oldest unpublished rows of `shards` within `limits`, in `seq` order, skipping
-    /// aggregates that have a row backing off, or a parked row when `hold_parked`. Each row is read
-    /// on its own: a row that cannot be read comes back with its defect, and the claim goes on.
+    /// aggregates that have a row backing off, or a parked row when `hold_parked`, and the rows
+    /// in `in_flight` (by `seq`). Each row is read on its own: a row that cannot be read comes back
+    /// with its defect, and the claim goes on.
     pub async fn claim(
         &mut self,
         limits: &Limits,
         shards: &[i16],
         hold_parked: bool,
-    ) -> Result<Claim<'_>, sqlx::Error> {
+        in_flight: &[i64],
+    ) -> Result<Claim, sqlx::Error> {
         let rows = i64::try_from(limits.batch_size).unwrap_or(i64::MAX);
         let payload_bytes = i64::try_from(limits.max_payload_bytes).unwrap_or(i64::MAX);
         let batch_bytes = i64::try_from(limits.max_batch_bytes).unwrap_or(i64::MAX);
@@ -349,15 +348,12 @@ impl OutboxTable {
                         .bind(hold_parked)
                         .bind(payload_bytes)
                         .bind(batch_bytes)
+                        .bind(in_flight)
                         .fetch(&mut *conn),
                     limits,
                 )
                 .await?;
-                Ok(Claim {
-                    rows,
-                    full,
-                    held: Held::Postgres(conn),
-                })
+                Ok(Claim { rows, full })
             }
             OutboxTable::Sqlite(conn) => {
                 let (rows, full) = read_rows(
@@ -366,15 +362,12 @@ impl OutboxTable {
                         .bind(hold_parked)
                         .bind(payload_bytes)
                         .bind(batch_bytes)
+                        .bind(serde_json::to_string(in_flight).unwrap_or_default())
                         .fetch(&mut *conn),
                     limits,
                 )
                 .await?;
-                Ok(Claim {
-                    rows,
-                    full,
-                    held: Held::Sqlite(conn),
-                })
+                Ok(Claim { rows, full })
             }
         }
     }
@@ -501,16 +494,19 @@ where
     Ok((rows, full))
 }
 
-impl Claim<'_> {
-    /// Records the outcome of the batch, in one short transaction.
-    pub async fn settle(self, outcome: &Outcome, mode: Mode) -> Result<(), sqlx::Error> {
-        match self.held {
-            Held::Postgres(conn) => {
+impl OutboxTable {
+    /// Records the outcome of a batch, in one short transaction.
+    pub async fn settle(&mut self, outcome: &Outcome, mode: Mode) -> Result<(), sqlx::Error> {
+        if outcome.published.is_empty() && outcome.failed.is_empty() && outcome.parked.is_empty() {
+            return Ok(());
+        }
+        match self {
+            OutboxTable::Postgres(conn) => {
                 let mut tx = conn.begin().await?;
                 settle_postgres(&mut tx, outcome, mode).await?;
                 tx.commit().await
             }
-            Held::Sqlite(conn) => {
+            OutboxTable::Sqlite(conn) => {
                 let mut tx = conn.begin().await?;
                 settle_sqlite(&mut tx, outcome, mode).await?;
                 tx.commit().await
@@ -703,7 +699,7 @@ mod tests {
 
                     let mut table = OutboxTable::Sqlite(conn);
                     let limits = Limits { batch_size: 10, max_batch_bytes: 1 << 20, max_payload_bytes: 1 << 20 };
-                    let claim = table.claim(&limits, &[0], true).await.expect("the claim never fails");
+                    let claim = table.claim(&limits, &[0], true, &[]).await.expect("the claim never fails");
                     assert_eq!(claim.rows.len(), 1);
                     let row = &claim.rows[0];
                     let router = Router::new(DEFAULT_TOPIC_TEMPLATE, false);
@@ -721,7 +717,7 @@ mod tests {
                             outcome.parked.push((row.key(), reason));
                         }
                     }
-                    claim.settle(&outcome, Mode::Mark).await.expect("settling by seq works");
+                    table.settle(&outcome, Mode::Mark).await.expect("settling by seq works");
                     let OutboxTable::Sqlite(conn) = &mut table else { unreachable!() };
                     let (done,): (i64,) = sqlx::query_as(
                         "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL OR parked_at IS NOT NULL",

@@ -1,16 +1,17 @@
-//! The relay's loop: claim a batch, publish it, mark what the broker acked. Read top to bottom.
+//! The relay's loop: claim a batch, send it, settle what the broker answered, with the next claim
+//! overlapping the broker's answers. Read top to bottom.
 
 use crate::config::RelayConfig;
 use crate::leases::Leases;
+use crate::ordering::{Admission, Verdict, Verdicts, Waiting};
 use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
 use crate::redact::redact_url;
 use crate::routing::Router;
-use crate::sink::{Message, Sink, SinkError};
+use crate::sink::{Ack, Sink};
 use crate::tasks::BackgroundTasks;
 use crate::wakeup::{self, Wakeup};
 use crate::{metrics, prune};
 use backon::{BackoffBuilder, ExponentialBuilder};
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -180,8 +181,13 @@ impl Relay {
         tasks.stop().await;
     }
 
-    /// One connection's life: join the replicas, then claim, publish and mark until shutdown or a
+    /// One connection's life: join the replicas, then claim, send and settle until shutdown or a
     /// database error. Sets `connected` once it runs.
+    ///
+    /// The loop is a two-stage pipeline: while the broker answers for the batch in flight, the
+    /// database claims the next one; then the answers are read, the new batch is sent, and the
+    /// answered batch is settled while the broker works on the new one. At most two batches are
+    /// unsettled at any moment (`docs/design.md`, "Pipelining").
     async fn run_connected(
         &self,
         shutdown: &CancellationToken,
@@ -203,13 +209,23 @@ impl Relay {
         };
         tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");
         *connected = true;
-        let mut publish_backoff = self.backoff();
-        let mut idle = self.idle_waits();
-        // While the broker refuses the relay, nothing is claimed before this; the leases are kept.
-        let mut refused_until: Option<Instant> = None;
+        let mut pace = Pace::new(self);
+        let mut in_flight: Option<InFlight> = None;
 
         loop {
-            // Stop between batches only: a batch in flight is always settled first.
+            // Stopping, moving leases and waiting happen only with nothing in flight. A full batch
+            // stays in flight while the next one is claimed; any other is settled first.
+            let lease_due = leases
+                .as_ref()
+                .is_some_and(|l| std::time::Instant::now() >= l.next_refresh());
+            let keep_in_flight = in_flight.as_ref().is_some_and(|batch| batch.full)
+                && !shutdown.is_cancelled()
+                && !lease_due
+                && pace.go_on();
+            if !keep_in_flight && let Some(batch) = in_flight.take() {
+                let answered = self.answers(batch).await;
+                self.settle(&mut table, answered, &mut pace).await?;
+            }
             if shutdown.is_cancelled() {
                 if let (Some(leases), Some(conn)) = (leases, table.postgres()) {
                     leases.leave(conn).await?;
@@ -227,148 +243,202 @@ impl Relay {
                 }
                 _ => vec![0],
             };
-            if let Some(until) = refused_until.filter(|until| Instant::now() < *until) {
-                wait(wake_at(until, leases.as_ref()), None, shutdown).await;
+            if let Some((until, interruptible)) = pace.wait() {
+                let wakeups = wakeups.as_ref().filter(|_| interruptible);
+                if wait(wake_at(until, leases.as_ref()), wakeups, shutdown).await {
+                    pace.notified();
+                }
                 continue;
             }
 
             // Claim the oldest unpublished rows of those shards whose aggregate is not blocked (a
-            // plain read: the leases make this replica their only publisher).
+            // plain read: the leases make this replica their only publisher), skipping the rows
+            // of the batch in flight, whose answers may still be coming in.
             let started = std::time::Instant::now();
+            let in_flight_seqs = in_flight.as_ref().map(InFlight::seqs).unwrap_or_default();
             let hold_parked = !self.config.skip_parked;
-            let claim = table.claim(&self.limits(), &shards, hold_parked).await?;
-            let claimed = claim.rows.len();
-            let full = claim.full;
+            let claim = table
+                .claim(&self.limits(), &shards, hold_parked, &in_flight_seqs)
+                .await?;
 
-            // Publish: rows that cannot become a message are parked; the rest are sent together.
-            let (sent, messages, mut outcome) = self.messages(&claim.rows);
-            let results = if messages.is_empty() {
-                Vec::new()
-            } else {
-                one_result_per_message(
-                    self.sink.name(),
-                    self.sink.publish(&messages).await,
-                    messages.len(),
-                )
+            // The batch in flight is answered: its failures hold their aggregates in the new one.
+            let answered = match in_flight.take() {
+                Some(batch) => Some(self.answers(batch).await),
+                None => None,
             };
-            let refused = self.record_results(&sent, &messages, results, &mut outcome);
+            let waiting = answered
+                .as_ref()
+                .map(|a| a.waiting.clone())
+                .unwrap_or_default();
 
-            // Mark (or delete) what the broker acked, in one short transaction.
-            claim.settle(&outcome, self.config.mode).await?;
-            log_batch(claimed, &outcome);
-            if claimed > 0 {
-                metrics::batch(claimed, started.elapsed(), &outcome);
+            // Send the new batch; its answers are read on the next turn.
+            in_flight = self.send(claim.rows, claim.full, waiting, started).await;
+
+            // Settle the answered batch in one short transaction, while the broker works.
+            if let Some(answered) = answered {
+                self.settle(&mut table, answered, &mut pace).await?;
             }
-
-            // Go again at once after a full batch; back off when nothing at all went through (the
-            // broker is away, or refuses the relay). Otherwise poll adaptively: soon after a batch
-            // that found work, less and less often while there is none, up to the poll interval.
-            let delay = if let Some(reason) = refused {
-                let delay = publish_backoff.next().unwrap_or(self.config.max_backoff);
-                tracing::error!(
-                    sink = self.sink.name(), %reason, retry_in = ?delay,
-                    "the broker refuses the relay; events wait, untouched, until it accepts it"
-                );
-                refused_until = Some(Instant::now() + delay);
-                continue;
-            } else if outcome.published.is_empty() && !outcome.failed.is_empty() {
-                publish_backoff.next().unwrap_or(self.config.max_backoff)
-            } else {
-                publish_backoff = self.backoff();
-                if full {
-                    continue;
-                }
-                if claimed > 0 {
-                    idle = self.idle_waits();
-                }
-                idle.next().unwrap_or(self.config.poll_interval)
-            };
-            wait(
-                wake_at(Instant::now() + delay, leases.as_ref()),
-                wakeups.as_ref(),
-                shutdown,
-            )
-            .await;
+            if in_flight.is_none() {
+                pace.found_nothing();
+            }
         }
     }
 
-    /// The messages of the claimed rows (with the rows they came from), and the rows parked because
-    /// they cannot be published.
-    ///
-    /// An aggregate's rows after a parked one wait behind it, and so do its rows after one that
-    /// failed before: a retried event goes out alone, so a later event cannot overtake it.
-    fn messages<'r>(&self, rows: &'r [OutboxRow]) -> (Vec<&'r OutboxRow>, Vec<Message>, Outcome) {
-        let mut outcome = Outcome::default();
-        let mut sent = Vec::with_capacity(rows.len());
-        let mut messages = Vec::with_capacity(rows.len());
-        let mut held_back: HashSet<(&str, &str)> = HashSet::new();
+    /// Hands the claimed rows to the sink in `seq` order, as the ordering rules allow
+    /// (`ordering.rs`): rows that cannot become a message are parked, rows of a held aggregate
+    /// are left untouched. Returns the batch in flight, or `None` when nothing was claimed.
+    async fn send(
+        &self,
+        rows: Vec<OutboxRow>,
+        full: bool,
+        waiting: Waiting,
+        started: std::time::Instant,
+    ) -> Option<InFlight> {
+        if rows.is_empty() {
+            return None;
+        }
+        let mut batch = InFlight {
+            claimed: rows.len(),
+            full,
+            started,
+            sent: Vec::with_capacity(rows.len()),
+            outcome: Outcome::default(),
+            settled_seqs: Vec::with_capacity(rows.len()),
+            refused: None,
+            verdicts: None,
+        };
+        let mut admission = Admission::new(waiting);
         for row in rows {
-            let aggregate = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
-            if held_back.contains(&aggregate) {
+            if batch.refused.is_some() || !admission.admit(&row) {
                 continue;
             }
-            match self.router.message(row) {
-                Ok(message) => {
-                    sent.push(row);
-                    messages.push(message);
-                    if row.attempts > 0 {
-                        held_back.insert(aggregate);
-                    }
-                }
+            let message = match self.router.message(&row) {
+                Ok(message) => message,
                 Err(reason) => {
                     tracing::error!(event_id = %row.id, seq = row.seq, %reason, "event parked");
-                    outcome.parked.push((row.key(), reason));
-                    held_back.insert(aggregate);
+                    admission.refused(&row);
+                    batch.settled_seqs.push(row.seq);
+                    batch.outcome.parked.push((row.key(), reason));
+                    continue;
+                }
+            };
+            match self.sink.enqueue(&message).await {
+                Ok(ack) => {
+                    admission.sent(&row);
+                    batch.settled_seqs.push(row.seq);
+                    batch.sent.push(Sent {
+                        row,
+                        topic: message.topic,
+                        ack,
+                    });
+                }
+                // The broker refuses the relay itself: nothing more is sent.
+                Err(e) if e.is_unavailable() => batch.refused = Some(e.message),
+                Err(e) => {
+                    admission.refused(&row);
+                    batch.settled_seqs.push(row.seq);
+                    let verdict = if e.is_permanent() {
+                        Verdict::Park(e.message)
+                    } else {
+                        Verdict::Retry(e.message)
+                    };
+                    self.record(&row, &message.topic, verdict, &mut batch.outcome);
                 }
             }
         }
-        (sent, messages, outcome)
+        batch.verdicts = Some(admission.into_verdicts());
+        Some(batch)
     }
 
-    /// Sorts the sink's results into the outcome: acked rows are published, permanent failures
-    /// parked, transient ones retried after a backoff that grows with the row's attempts. After an
-    /// aggregate's first failure, its later messages in the batch are not marked even if acked:
-    /// they go out again after it, in order. When the broker refuses the sink itself, the rows are
-    /// left as they were, and the reason is returned.
-    fn record_results(
-        &self,
-        sent: &[&OutboxRow],
-        messages: &[Message],
-        results: Vec<Result<(), SinkError>>,
-        outcome: &mut Outcome,
-    ) -> Option<String> {
-        let mut refused = None;
-        let mut failed_aggregates: HashSet<(&str, &str)> = HashSet::new();
-        for ((row, message), result) in sent.iter().zip(messages).zip(results) {
-            let aggregate = (row.aggregate_type.as_str(), row.aggregate_id.as_str());
-            let id = row.key();
-            match result {
-                _ if failed_aggregates.contains(&aggregate) => {}
-                Ok(()) => {
-                    metrics::published(&message.topic, row.created_ms);
-                    outcome.published.push(id);
-                }
-                Err(e) if e.is_unavailable() => {
-                    failed_aggregates.insert(aggregate);
-                    refused.get_or_insert(e.message);
-                }
-                Err(e) => {
-                    failed_aggregates.insert(aggregate);
-                    if e.is_permanent() {
-                        tracing::error!(event_id = %row.id, topic = %message.topic, error = %e, "event parked");
-                        outcome.parked.push((id, e.message));
-                    } else {
-                        let attempt = usize::try_from(row.attempts).unwrap_or(0);
-                        let retry_in = self
-                            .backoff()
-                            .nth(attempt)
-                            .unwrap_or(self.config.max_backoff);
-                        outcome.failed.push((id, e.message, retry_in));
-                    }
-                }
+    /// Awaits the broker's answers for a batch in flight, and sorts them into its outcome.
+    async fn answers(&self, batch: InFlight) -> Answered {
+        let InFlight {
+            claimed,
+            full,
+            started,
+            sent,
+            mut outcome,
+            mut refused,
+            verdicts,
+            ..
+        } = batch;
+        let mut verdicts = verdicts.expect("set when the batch was sent");
+        for Sent { row, topic, ack } in sent {
+            let answer = ack.await;
+            if let Err(e) = &answer
+                && e.is_unavailable()
+            {
+                refused.get_or_insert_with(|| e.message.clone());
             }
+            let verdict = verdicts.verdict(&row, answer);
+            self.record(&row, &topic, verdict, &mut outcome);
         }
-        refused
+        Answered {
+            claimed,
+            full,
+            started,
+            outcome,
+            refused,
+            waiting: verdicts.waiting(),
+        }
+    }
+
+    /// Adds `row`'s verdict to the outcome: acked rows are published, permanent failures parked,
+    /// transient ones retried after a backoff that grows with the row's attempts.
+    fn record(&self, row: &OutboxRow, topic: &str, verdict: Verdict, outcome: &mut Outcome) {
+        match verdict {
+            Verdict::Published => {
+                metrics::published(topic, row.created_ms);
+                outcome.published.push(row.key());
+            }
+            Verdict::Park(reason) => {
+                tracing::error!(event_id = %row.id, %topic, error = %reason, "event parked");
+                outcome.parked.push((row.key(), reason));
+            }
+            Verdict::Retry(error) => {
+                let attempt = usize::try_from(row.attempts).unwrap_or(0);
+                let retry_in = self
+                    .backoff()
+                    .nth(attempt)
+                    .unwrap_or(self.config.max_backoff);
+                outcome.failed.push((row.key(), error, retry_in));
+            }
+            Verdict::Untouched => {}
+        }
+    }
+
+    /// Writes an answered batch's outcome in one short transaction, and sets the pace: go on at
+    /// once after a full batch; back off when nothing at all went through (the broker is away, or
+    /// refuses the relay); otherwise poll adaptively.
+    async fn settle(
+        &self,
+        table: &mut OutboxTable,
+        answered: Answered,
+        pace: &mut Pace,
+    ) -> Result<(), sqlx::Error> {
+        let Answered {
+            claimed,
+            full,
+            started,
+            outcome,
+            refused,
+            ..
+        } = answered;
+        table.settle(&outcome, self.config.mode).await?;
+        log_batch(claimed, &outcome);
+        metrics::batch(claimed, started.elapsed(), &outcome);
+        if let Some(reason) = refused {
+            let delay = pace.refused();
+            tracing::error!(
+                sink = self.sink.name(), %reason, retry_in = ?delay,
+                "the broker refuses the relay; events wait, untouched, until it accepts it"
+            );
+        } else if outcome.published.is_empty() && !outcome.failed.is_empty() {
+            pace.failed();
+        } else {
+            pace.published(full);
+        }
+        Ok(())
     }
 
     fn limits(&self) -> Limits {
@@ -379,24 +449,159 @@ impl Relay {
         }
     }
 
+    fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
+        backoff(self.config.max_backoff)
+    }
+}
+
+/// Exponential backoff with jitter, from 100 ms up to `max`.
+fn backoff(max: Duration) -> impl Iterator<Item = Duration> + Send + use<> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(max)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// A batch handed to the sink, its answers still to come.
+struct InFlight {
+    claimed: usize,
+    /// Whether its claim stopped at a limit with more rows waiting.
+    full: bool,
+    started: std::time::Instant,
+    /// The rows sent, in the order they were sent, each with its ack.
+    sent: Vec<Sent>,
+    /// What was decided before sending: rows parked, or refused at enqueue.
+    outcome: Outcome,
+    /// Every row this batch will settle (sent, parked or refused): the next claim skips them.
+    settled_seqs: Vec<i64>,
+    /// Why the broker refuses the relay, if it did at enqueue.
+    refused: Option<String>,
+    verdicts: Option<Verdicts>,
+}
+
+impl InFlight {
+    fn seqs(&self) -> Vec<i64> {
+        self.settled_seqs.clone()
+    }
+}
+
+/// One sent row and the future of the broker's answer.
+struct Sent {
+    row: OutboxRow,
+    topic: String,
+    ack: Ack,
+}
+
+/// A batch whose answers are all in.
+struct Answered {
+    claimed: usize,
+    full: bool,
+    started: std::time::Instant,
+    outcome: Outcome,
+    refused: Option<String>,
+    /// The aggregates the next batch must hold.
+    waiting: Waiting,
+}
+
+/// When the loop claims next: at once while batches come back full, after a growing idle wait
+/// while there is little to do, after a backoff when nothing went through.
+struct Pace {
+    max_backoff: Duration,
+    poll_interval: Duration,
+    wakeup: Wakeup,
+    publish_backoff: Box<dyn Iterator<Item = Duration> + Send>,
+    idle: Box<dyn Iterator<Item = Duration> + Send>,
+    /// Claim no sooner than this; `true` when a notification may cut the wait short.
+    next_claim: Option<(Instant, bool)>,
+}
+
+impl Pace {
+    fn new(relay: &Relay) -> Self {
+        let mut pace = Pace {
+            max_backoff: relay.config.max_backoff,
+            poll_interval: relay.config.poll_interval,
+            wakeup: relay.config.wakeup,
+            publish_backoff: Box::new(backoff(relay.config.max_backoff)),
+            idle: Box::new(std::iter::empty()),
+            next_claim: None,
+        };
+        pace.idle = pace.idle_waits();
+        pace
+    }
+
+    /// Whether the loop may claim now.
+    fn go_on(&self) -> bool {
+        self.next_claim.is_none()
+    }
+
+    /// Until when to wait before the next claim, and whether a notification may cut it short.
+    fn wait(&mut self) -> Option<(Instant, bool)> {
+        if self
+            .next_claim
+            .is_some_and(|(until, _)| until <= Instant::now())
+        {
+            self.next_claim = None;
+        }
+        self.next_claim
+    }
+
+    /// A notification came: claim now.
+    fn notified(&mut self) {
+        if self
+            .next_claim
+            .is_some_and(|(_, interruptible)| interruptible)
+        {
+            self.next_claim = None;
+        }
+    }
+
+    /// The broker refuses the relay: wait the next backoff, whatever notifications say.
+    fn refused(&mut self) -> Duration {
+        let delay = self.publish_backoff.next().unwrap_or(self.max_backoff);
+        self.next_claim = Some((Instant::now() + delay, false));
+        delay
+    }
+
+    /// Nothing of a batch went through.
+    fn failed(&mut self) {
+        let delay = self.publish_backoff.next().unwrap_or(self.max_backoff);
+        self.next_claim = Some((Instant::now() + delay, true));
+    }
+
+    /// Some of a batch went through: go on at once after a full batch, poll soon otherwise.
+    fn published(&mut self, full: bool) {
+        self.publish_backoff = Box::new(backoff(self.max_backoff));
+        if !full {
+            self.idle = self.idle_waits();
+            self.idle_wait();
+        }
+    }
+
+    /// A claim found nothing to send: poll less and less often, up to the poll interval.
+    fn found_nothing(&mut self) {
+        if self.next_claim.is_none() {
+            self.idle_wait();
+        }
+    }
+
+    fn idle_wait(&mut self) {
+        let delay = self.idle.next().unwrap_or(self.poll_interval);
+        self.next_claim = Some((Instant::now() + delay, true));
+    }
+
     /// The waits between polls that find nothing: 1 ms, doubling up to the poll interval. With
     /// NOTIFY, notifications are the fast path and polling only the fallback: always the interval.
-    fn idle_waits(&self) -> impl Iterator<Item = Duration> + use<> {
-        let max = self.config.poll_interval;
-        let first = match self.config.wakeup {
+    fn idle_waits(&self) -> Box<dyn Iterator<Item = Duration> + Send> {
+        let max = self.poll_interval;
+        let first = match self.wakeup {
             Wakeup::Poll => Duration::from_millis(1).min(max),
             Wakeup::Notify => max,
         };
-        std::iter::successors(Some(first), move |d| Some((*d * 2).min(max)))
-    }
-
-    fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
-        ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(self.config.max_backoff)
-            .with_jitter()
-            .without_max_times()
-            .build()
+        Box::new(std::iter::successors(Some(first), move |d| {
+            Some((*d * 2).min(max))
+        }))
     }
 }
 
@@ -418,24 +623,6 @@ fn log_batch(claimed: usize, outcome: &Outcome) {
     }
 }
 
-/// The sink's results, one per message as the [`Sink`] contract says. A sink that returns more or
-/// fewer fails the whole batch: nothing is marked, and every row is retried after its backoff.
-fn one_result_per_message(
-    sink: &str,
-    results: Vec<Result<(), SinkError>>,
-    sent: usize,
-) -> Vec<Result<(), SinkError>> {
-    if results.len() == sent {
-        return results;
-    }
-    let error = format!(
-        "sink `{sink}` returned {} results for {sent} messages",
-        results.len()
-    );
-    tracing::error!(%error, "the sink broke its contract; the batch will be retried");
-    vec![Err(SinkError::new(error)); sent]
-}
-
 /// `until`, or the next lease refresh if that comes first.
 fn wake_at(until: Instant, leases: Option<&Leases>) -> Instant {
     match leases {
@@ -444,8 +631,13 @@ fn wake_at(until: Instant, leases: Option<&Leases>) -> Instant {
     }
 }
 
-/// Sleeps until `deadline`, a notification, or shutdown, whichever comes first.
-async fn wait(deadline: Instant, wakeups: Option<&Arc<Notify>>, shutdown: &CancellationToken) {
+/// Sleeps until `deadline`, a notification, or shutdown, whichever comes first. Returns whether a
+/// notification came.
+async fn wait(
+    deadline: Instant,
+    wakeups: Option<&Arc<Notify>>,
+    shutdown: &CancellationToken,
+) -> bool {
     let notified = async {
         match wakeups {
             Some(notify) => notify.notified().await,
@@ -453,8 +645,8 @@ async fn wait(deadline: Instant, wakeups: Option<&Arc<Notify>>, shutdown: &Cance
         }
     };
     tokio::select! {
-        () = tokio::time::sleep_until(deadline) => {}
-        () = notified => {}
-        () = shutdown.cancelled() => {}
+        () = tokio::time::sleep_until(deadline) => false,
+        () = notified => true,
+        () = shutdown.cancelled() => false,
     }
 }

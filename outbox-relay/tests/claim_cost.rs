@@ -11,8 +11,13 @@ use outbox_core::sea_orm::ConnectionTrait;
 /// The shared buffers (hit or read) the claim of `batch` rows touches, with the relay's session
 /// settings, over all shards, holding back parked aggregates.
 async fn claim_buffers(f: &Fixture, batch: usize) -> i64 {
+    buffers(f, &common::claim_sql(batch), batch).await
+}
+
+/// The shared buffers `claim` touches; it must return `batch` rows.
+async fn buffers(f: &Fixture, claim: &str, batch: usize) -> i64 {
     let plan: Vec<serde_json::Value> =
-        common::explain_claim(f, "ANALYZE, BUFFERS, FORMAT JSON", batch).await;
+        common::explain(f, "ANALYZE, BUFFERS, FORMAT JSON", claim).await;
     let top = &plan[0][0]["Plan"];
     let rows = top["Actual Rows"].as_i64().unwrap();
     assert_eq!(
@@ -50,4 +55,41 @@ async fn a_claim_after_a_burst_costs_one_batch_not_the_backlog() {
         "after the burst the claim touched {after_burst} buffers, against {analyzed} when analyzed"
     );
     assert!(after_burst < 10 * 500, "{after_burst} buffers for 500 rows");
+}
+
+/// The relay claims the next batch while the broker answers for the one in flight, skipping its
+/// rows: that claim costs about one batch too, not one per skipped row and claimed row together.
+#[tokio::test]
+async fn a_claim_that_skips_the_batch_in_flight_costs_about_one_batch() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'order', 'o-' || (g % 500), 'E', jsonb_build_object('n', g)
+         FROM generate_series(1, 20000) g;
+         ANALYZE outbox;",
+    )
+    .await
+    .unwrap();
+    let alone = claim_buffers(&f, 1000).await;
+    let in_flight = "ARRAY(SELECT seq FROM outbox ORDER BY seq LIMIT 1000)";
+    let skipping = buffers(&f, &common::claim_sql_skipping(1000, in_flight), 1000).await;
+    // The rows the skipping claim returns are the next thousand.
+    let first_claimed = f
+        .scalar(&format!(
+            "SELECT min(seq) FROM ({}) c",
+            common::claim_sql_skipping(1000, in_flight)
+        ))
+        .await;
+    let expected = f
+        .scalar("SELECT seq FROM outbox ORDER BY seq OFFSET 1000 LIMIT 1")
+        .await;
+    assert_eq!(
+        first_claimed, expected,
+        "the claim starts after the batch in flight"
+    );
+    eprintln!("claim of 1000 rows: {alone} buffers alone, {skipping} skipping 1000 in flight");
+    assert!(
+        skipping <= 2 * alone + 1000,
+        "skipping the batch in flight cost {skipping} buffers, against {alone} without"
+    );
 }

@@ -7,7 +7,7 @@ use common::Fixture;
 use futures::future::BoxFuture;
 use outbox_core::sea_orm::ConnectionTrait;
 use outbox_relay::Relay;
-use outbox_relay::sink::{Message, Sink, SinkError};
+use outbox_relay::sink::{Ack, Message, Sink, SinkError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -24,20 +24,17 @@ impl Sink for ListSink {
         "list"
     }
 
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
-        Box::pin(async move {
-            let mut published = self.published.lock().unwrap();
-            batch
-                .iter()
-                .map(|m| {
-                    if m.key == "refused" {
-                        return Err(SinkError::new("the list refuses this aggregate"));
-                    }
-                    published.push((m.key.clone(), m.seq));
-                    Ok(())
-                })
-                .collect()
-        })
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+        let answer = if message.key == "refused" {
+            Err(SinkError::new("the list refuses this aggregate"))
+        } else {
+            self.published
+                .lock()
+                .unwrap()
+                .push((message.key.clone(), message.seq));
+            Ok(())
+        };
+        Box::pin(async move { Ok(Box::pin(async move { answer }) as Ack) })
     }
 }
 
@@ -104,72 +101,67 @@ async fn a_custom_sink_gets_every_event_and_its_failures_are_retried_in_order() 
     );
 }
 
-/// A sink that breaks the contract: it returns `results` results whatever the batch.
-struct MiscountingSink {
-    results: usize,
+/// A sink whose client refuses every message at enqueue, counting the calls.
+struct RefusingSink {
     calls: Arc<Mutex<usize>>,
 }
 
-impl Sink for MiscountingSink {
+impl Sink for RefusingSink {
     fn name(&self) -> &str {
-        "miscounting"
+        "refusing"
     }
 
-    fn publish<'a>(&'a self, _batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+    fn enqueue<'a>(&'a self, _message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
         *self.calls.lock().unwrap() += 1;
-        let results = (0..self.results).map(|_| Ok(())).collect();
-        Box::pin(async move { results })
+        Box::pin(async { Err(SinkError::new("the queue refuses everything")) })
     }
 }
 
 #[tokio::test]
-async fn a_sink_that_returns_too_few_or_no_results_fails_its_batch_and_does_not_spin() {
-    for results in [0, 1] {
-        let f = Fixture::new().await;
-        f.db.execute_unprepared(
-            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-             SELECT gen_random_uuid(), 'cart', 'c-' || g, 'CartChanged', '{}' FROM generate_series(1, 10) g",
-        )
-        .await
-        .unwrap();
-        let calls = Arc::new(Mutex::new(0));
-        let sink = MiscountingSink {
-            results,
-            calls: calls.clone(),
-        };
-        // Failed batches back off exponentially; rows that fall due apart fail in separate
-        // batches, each growing the wait: keep the waits short so two attempts each come soon.
-        let mut config = f.relay_config();
-        config.max_backoff = Duration::from_millis(300);
-        let relay = Relay::new(config, sink);
-        let shutdown = CancellationToken::new();
-        let running = tokio::spawn({
-            let shutdown = shutdown.clone();
-            async move { relay.run(shutdown).await }
-        });
-        // Every row failed at least twice, with the reason.
-        f.wait_until_zero(
-            "SELECT count(*) FROM outbox WHERE attempts < 2 OR last_error NOT LIKE '%returned%results for%'",
-            Duration::from_secs(30),
-        )
-        .await;
-        shutdown.cancel();
-        running.await.unwrap();
-        assert_eq!(
-            f.scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
-                .await,
-            0,
-            "a result was taken for a message the sink did not answer"
-        );
-        // No spin: every call of the sink was recorded as a failed attempt of at least one row
-        // (one more call may have been in flight at shutdown), not repeated in a tight loop.
-        let attempts = f.scalar("SELECT sum(attempts)::bigint FROM outbox").await;
-        let calls = *calls.lock().unwrap() as i64;
-        assert!(
-            calls <= attempts + 1,
-            "{calls} calls for {attempts} failed attempts"
-        );
-    }
+async fn a_sink_that_refuses_at_enqueue_fails_each_row_with_its_reason_and_does_not_spin() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'cart', 'c-' || g, 'CartChanged', '{}' FROM generate_series(1, 10) g",
+    )
+    .await
+    .unwrap();
+    let calls = Arc::new(Mutex::new(0));
+    let sink = RefusingSink {
+        calls: calls.clone(),
+    };
+    // Failed batches back off exponentially; rows that fall due apart fail in separate batches,
+    // each growing the wait: keep the waits short so two attempts each come soon.
+    let mut config = f.relay_config();
+    config.max_backoff = Duration::from_millis(300);
+    let relay = Relay::new(config, sink);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await }
+    });
+    // Every row failed at least twice, with the reason.
+    f.wait_until_zero(
+        "SELECT count(*) FROM outbox WHERE attempts < 2 OR last_error <> 'the queue refuses everything'",
+        Duration::from_secs(30),
+    )
+    .await;
+    shutdown.cancel();
+    running.await.unwrap();
+    assert_eq!(
+        f.scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .await,
+        0,
+        "a refused message was marked published"
+    );
+    // No spin: every call of the sink was recorded as a failed attempt (one more batch may have
+    // been in hand at shutdown), not repeated in a tight loop.
+    let attempts = f.scalar("SELECT sum(attempts)::bigint FROM outbox").await;
+    let calls = *calls.lock().unwrap() as i64;
+    assert!(
+        calls <= attempts + 10,
+        "{calls} calls for {attempts} failed attempts"
+    );
 }
 
 /// Runs a relay with a [`ListSink`] over `config` until `published` events went out.

@@ -448,13 +448,13 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
 
 /// The stuck producer a broker stall left behind once (every send timing out while fresh
 /// producers delivered) cannot be staged on demand; what can be checked is the remedy: after
-/// `STUCK_AFTER` batches with nothing delivered, the sink works with a new producer.
+/// `STUCK_AFTER` rounds of failures with nothing delivered, the sink works with a new producer.
 #[tokio::test]
 async fn a_producer_that_delivers_nothing_is_replaced() {
     // It reads back from Kafka, which the other fault tests pause.
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
     use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink, STUCK_AFTER};
-    use outbox_relay::sink::{Message, Sink};
+    use outbox_relay::sink::{Message, send_all};
     // The sink's bootstrap address is a proxy that first swallows everything (a broker that
     // stopped answering), then forwards to the real Kafka.
     let proxy = Proxy::start(&common::kafka::brokers()).await;
@@ -468,7 +468,7 @@ async fn a_producer_that_delivers_nothing_is_replaced() {
     message.topic = format!("t{}.order", outbox_core::Uuid::now_v7().simple());
     let batch = [message];
     for n in 1..=STUCK_AFTER {
-        assert!(sink.publish(&batch).await[0].is_err());
+        assert!(send_all(&sink, &batch).await[0].is_err());
         let replaced = !std::sync::Arc::ptr_eq(&first, &sink.producer());
         assert_eq!(replaced, n == STUCK_AFTER, "after {n} failed batches");
     }
@@ -478,7 +478,7 @@ async fn a_producer_that_delivers_nothing_is_replaced() {
     let second = sink.producer();
     let delivered = async {
         loop {
-            if sink.publish(&batch).await[0].is_ok() {
+            if send_all(&sink, &batch).await[0].is_ok() {
                 return;
             }
         }

@@ -7,17 +7,19 @@ mod common;
 use common::Fixture;
 use futures::future::BoxFuture;
 use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
-use outbox_relay::sink::{Message, Sink, SinkError};
+use outbox_relay::sink::{Ack, Message, Sink, SinkError};
 use outbox_relay::{Relay, RelayConfig};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Acks everything and remembers each batch it was handed: (aggregate id, seq) per message, and
-/// the batch's payload and header bytes.
+/// the batch's payload and header bytes. The relay enqueues a whole batch before it awaits any of
+/// its acks, so the first ack awaited closes the batch being enqueued.
 #[derive(Clone, Default)]
 struct BatchSink {
     batches: Arc<Mutex<Vec<Batch>>>,
+    open: Arc<Mutex<Batch>>,
 }
 
 /// (aggregate id, seq) of each message, and the payload and header bytes.
@@ -35,14 +37,21 @@ impl Sink for BatchSink {
         "batches"
     }
 
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
-        let messages = batch.iter().map(|m| (m.key.clone(), m.seq)).collect();
-        let bytes = batch
-            .iter()
-            .map(|m| m.payload.len() + stored_header_bytes(m))
-            .sum();
-        self.batches.lock().unwrap().push((messages, bytes));
-        Box::pin(async move { batch.iter().map(|_| Ok(())).collect() })
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+        {
+            let mut open = self.open.lock().unwrap();
+            open.0.push((message.key.clone(), message.seq));
+            open.1 += message.payload.len() + stored_header_bytes(message);
+        }
+        let (open, batches) = (self.open.clone(), self.batches.clone());
+        let ack: Ack = Box::pin(async move {
+            let batch = std::mem::take(&mut *open.lock().unwrap());
+            if !batch.0.is_empty() {
+                batches.lock().unwrap().push(batch);
+            }
+            Ok(())
+        });
+        Box::pin(async move { Ok(ack) })
     }
 }
 

@@ -123,12 +123,12 @@ async fn a_claim_prepared_on_an_empty_table_stays_cheap_when_it_fills() {
         .await
         .unwrap();
     txn.execute_unprepared(&format!(
-        "PREPARE claim(smallint[], int8, bool, int8, int8) AS {claim}"
+        "PREPARE claim(smallint[], int8, bool, int8, int8, int8[]) AS {claim}"
     ))
     .await
     .unwrap();
     let execute = format!(
-        "EXECUTE claim('{{{}}}', 500, true, 1000000, 16777216)",
+        "EXECUTE claim('{{{}}}', 500, true, 1000000, 16777216, '{{}}')",
         shards.join(",")
     );
     for _ in 0..6 {

@@ -8,18 +8,20 @@
 //! When the broker refuses the relay itself (authentication failed, certificate not trusted, a
 //! plaintext client at a TLS listener), librdkafka reports it through its error callback, not per
 //! message. The sink then answers every message [`Unavailable`](super::FailureKind::Unavailable) —
-//! the rows stay untouched — and probes the broker before each later batch until it is accepted.
+//! the rows stay untouched — purges what it had queued, and probes the broker before it enqueues
+//! again, until the broker accepts it.
 
-use super::{HELD_BACK, Message, Sink, SinkError};
+use super::{Ack, Message, Sink, SinkError};
 use crate::redact::{is_secret_key, redact_options, redact_values};
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, FutureExt};
 use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -79,8 +81,8 @@ impl KafkaConfig {
             // librdkafka's default of 5 minutes would stall a batch that long when the broker is
             // away; failed sends are retried by the relay instead.
             ("message.timeout.ms", "30000"),
-            // The relay enqueues a whole batch at once and waits for its acks: lingering for more
-            // messages only adds latency.
+            // The relay enqueues a whole batch at once and awaits its acks later: lingering for
+            // more messages only adds latency.
             ("linger.ms", "1"),
         ]
         .into_iter()
@@ -103,18 +105,31 @@ impl KafkaConfig {
 ///
 /// A producer can get stuck: after a broker stall, an idempotent librdkafka producer has been seen
 /// timing out every message while new producers on the same broker deliver at once, and a fatal
-/// idempotence error leaves it unusable for good. So after [`STUCK_AFTER`] batches in a row in
-/// which nothing was delivered, or on a fatal error, the sink replaces its producer.
+/// idempotence error leaves it unusable for good. So after [`STUCK_AFTER`] rounds of failures with
+/// nothing delivered in between, or on a fatal error, the sink replaces its producer. A round is
+/// what was enqueued before a failure was heard of: a batch the broker times out is one round,
+/// however many messages it held.
 pub struct KafkaSink {
+    shared: Arc<Shared>,
+}
+
+/// What the sink and its pending acks share.
+struct Shared {
     client: ClientConfig,
     secrets: Vec<String>,
     producer: RwLock<Arc<FutureProducer<SinkContext>>>,
-    failed_batches: AtomicU32,
+    /// Messages enqueued so far, numbering each one.
+    enqueued: AtomicU64,
+    /// Rounds of failures since the last delivery.
+    failed_rounds: AtomicU32,
+    /// The enqueue number at which the current round of failures was heard of: a failed message
+    /// enqueued before it belongs to that round.
+    round_heard_at: AtomicU64,
     /// Why the broker refuses the relay (authentication, TLS), as librdkafka last reported it.
     refused: watch::Sender<Option<String>>,
 }
 
-/// Whole batches failing in a row before the producer is replaced.
+/// Rounds of failures, with nothing delivered in between, before the producer is replaced.
 pub const STUCK_AFTER: u32 = 2;
 
 impl std::fmt::Debug for KafkaSink {
@@ -201,27 +216,27 @@ impl KafkaSink {
         let refused = watch::Sender::new(None);
         let producer = create(&client, &secrets, &refused)?;
         Ok(KafkaSink {
-            client,
-            secrets,
-            producer: RwLock::new(Arc::new(producer)),
-            failed_batches: AtomicU32::new(0),
-            refused,
+            shared: Arc::new(Shared {
+                client,
+                secrets,
+                producer: RwLock::new(Arc::new(producer)),
+                enqueued: AtomicU64::new(0),
+                failed_rounds: AtomicU32::new(0),
+                round_heard_at: AtomicU64::new(0),
+                refused,
+            }),
         })
     }
 
     /// The current producer, for metrics or a flush at exit.
     pub fn producer(&self) -> Arc<FutureProducer<impl ClientContext + use<>>> {
-        self.current()
-    }
-
-    fn current(&self) -> Arc<FutureProducer<SinkContext>> {
-        self.producer.read().expect("producer lock").clone()
+        self.shared.current()
     }
 
     /// Whether the broker accepts the client now: its metadata can be read. librdkafka's call
     /// blocks, so it runs off the runtime's worker threads.
     async fn fetch_metadata(&self) -> Result<(), SinkError> {
-        let producer = self.current();
+        let producer = self.shared.current();
         let fetched = tokio::task::spawn_blocking(move || {
             producer
                 .client()
@@ -229,7 +244,7 @@ impl KafkaSink {
                 .map(drop)
         })
         .await;
-        match (fetched, self.refused.borrow().clone()) {
+        match (fetched, self.shared.refused.borrow().clone()) {
             (Ok(Ok(())), _) => Ok(()),
             (_, Some(reason)) => Err(SinkError::unavailable(format!(
                 "broker refuses the relay: {reason}"
@@ -238,39 +253,54 @@ impl KafkaSink {
             (Err(e), None) => Err(SinkError::new(format!("broker check failed: {e}"))),
         }
     }
+}
 
-    /// Counts a batch in which nothing was delivered (or resets the count), and replaces the
-    /// producer once it looks stuck.
-    fn after_batch(
+impl Shared {
+    fn current(&self) -> Arc<FutureProducer<SinkContext>> {
+        self.producer.read().expect("producer lock").clone()
+    }
+
+    /// Notes the answer for the message enqueued as number `enqueued` on `producer`, and replaces
+    /// the producer once it looks stuck.
+    fn heard(
         &self,
         producer: &FutureProducer<SinkContext>,
-        results: &[Result<(), SinkError>],
+        enqueued: u64,
+        result: &Result<(), SinkError>,
     ) {
-        // Permanent failures say something about the messages, not the producer.
-        let nothing_delivered = !results.is_empty()
-            && results
-                .iter()
-                .all(|r| matches!(r, Err(e) if e.kind == super::FailureKind::Transient));
-        let failed = if nothing_delivered {
-            self.failed_batches.fetch_add(1, Ordering::Relaxed) + 1
-        } else {
-            self.failed_batches.store(0, Ordering::Relaxed);
-            0
+        let failed = match result {
+            Ok(()) => {
+                self.failed_rounds.store(0, Ordering::Relaxed);
+                return;
+            }
+            // Permanent failures say something about the message, not the producer.
+            Err(e) if e.kind != super::FailureKind::Transient => return,
+            // A message enqueued after the last round was heard of fails in a new round.
+            Err(_) if enqueued >= self.round_heard_at.load(Ordering::Relaxed) => {
+                self.round_heard_at
+                    .store(self.enqueued.load(Ordering::Relaxed), Ordering::Relaxed);
+                self.failed_rounds.fetch_add(1, Ordering::Relaxed) + 1
+            }
+            Err(_) => self.failed_rounds.load(Ordering::Relaxed),
         };
         let fatal = producer.client().fatal_error();
         if failed < STUCK_AFTER && fatal.is_none() {
             return;
         }
+        let current = self.current();
+        if !std::ptr::eq(Arc::as_ptr(&current), producer) {
+            return; // replaced already
+        }
         let fresh = match create(&self.client, &self.secrets, &self.refused) {
             Ok(fresh) => fresh,
             Err(e) => return tracing::warn!(error = %e, "could not create a new kafka producer"),
         };
-        tracing::warn!(failed_batches = failed, fatal = ?fatal, "replacing the kafka producer");
+        tracing::warn!(failed_rounds = failed, fatal = ?fatal, "replacing the kafka producer");
         let old = std::mem::replace(
             &mut *self.producer.write().expect("producer lock"),
             Arc::new(fresh),
         );
-        self.failed_batches.store(0, Ordering::Relaxed);
+        self.failed_rounds.store(0, Ordering::Relaxed);
         // Dropping a producer purges and flushes it, which may block briefly.
         tokio::task::spawn_blocking(move || drop(old));
     }
@@ -285,69 +315,65 @@ impl Sink for KafkaSink {
         Box::pin(self.fetch_metadata())
     }
 
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
         Box::pin(async move {
             // Refused before: send nothing until the broker accepts the client again.
-            if self.refused.borrow().is_some() {
-                if let Err(e) = self.fetch_metadata().await {
-                    return batch.iter().map(|_| Err(e.clone())).collect();
-                }
-                self.refused.send_replace(None);
+            if self.shared.refused.borrow().is_some() {
+                self.fetch_metadata().await?;
+                self.shared.refused.send_replace(None);
             }
-            let producer = self.current();
-            // Enqueue the whole batch first, then await the acks: one round of broker latency per
-            // batch, not per message. Enqueue order is delivery order within a partition.
-            // A message refused at enqueue (too large, say) stops its key's later messages, so
-            // they cannot reach the broker ahead of it.
-            let mut pending = Vec::with_capacity(batch.len());
-            let mut refused_keys = std::collections::HashSet::new();
-            for message in batch {
-                if refused_keys.contains(message.key.as_str()) {
-                    pending.push(Err(SinkError::new(HELD_BACK)));
-                    continue;
-                }
-                let delivery = enqueue(&producer, message).await;
-                if delivery.is_err() {
-                    refused_keys.insert(message.key.as_str());
-                }
-                pending.push(delivery);
-            }
-            let acks = async {
-                let mut results = Vec::with_capacity(pending.len());
-                for delivery in pending {
-                    results.push(match delivery {
-                        Ok(future) => match future.await {
-                            Ok(Ok(_)) => Ok(()),
-                            Ok(Err((e, _))) => Err(classify(&e)),
-                            Err(_) => Err(SinkError::new("kafka producer dropped the message")),
-                        },
-                        Err(e) => Err(e),
-                    });
-                }
-                results
-            };
-            let mut acks = std::pin::pin!(acks);
-            // Acks, unless the broker refuses the client meanwhile: then its queue is purged
-            // rather than left to time out, and what was not acked is left for later.
-            let mut refused = self.refused.subscribe();
-            let refusal = async {
-                let reason = refused.wait_for(Option::is_some).await;
-                reason.ok().and_then(|reason| reason.clone())
-            };
-            let results = tokio::select! {
-                results = &mut acks => results,
-                Some(reason) = refusal => {
-                    producer.purge(PurgeConfig::default().queue().inflight());
-                    let unavailable = SinkError::unavailable(format!("broker refuses the relay: {reason}"));
-                    acks.await
-                        .into_iter()
-                        .map(|r| r.map_err(|e| if e.is_permanent() { e } else { unavailable.clone() }))
-                        .collect()
+            let producer = self.shared.current();
+            let enqueued = self.shared.enqueued.fetch_add(1, Ordering::Relaxed);
+            let delivery = enqueue(&producer, message).await?;
+            let shared = self.shared.clone();
+            let ack = async move {
+                // The ack, unless the broker refuses the client meanwhile: then its queue is
+                // purged rather than left to time out, and the message is left for later.
+                let mut refused = shared.refused.subscribe();
+                let mut delivery = delivery;
+                let refusal = async { refused.wait_for(Option::is_some).await.is_ok() };
+                let delivered = tokio::select! {
+                    delivered = &mut delivery => Some(delivered),
+                    true = refusal => None,
+                };
+                let delivered = match delivered {
+                    Some(delivered) => delivered,
+                    None => {
+                        producer.purge(PurgeConfig::default().queue().inflight());
+                        delivery.await
+                    }
+                };
+                let result = shared.answer(&producer, enqueued, delivered);
+                // A message that failed while the broker refused the client (purged, or refused
+                // itself) is not at fault.
+                let refusal = shared.refused.borrow().clone();
+                match (result, refusal) {
+                    (Err(e), Some(reason)) if !e.is_permanent() => Err(SinkError::unavailable(
+                        format!("broker refuses the relay: {reason}"),
+                    )),
+                    (result, _) => result,
                 }
             };
-            self.after_batch(&producer, &results);
-            results
+            Ok(ack.boxed())
         })
+    }
+}
+
+impl Shared {
+    /// The result of a delivery, noted for the stuck-producer check.
+    fn answer(
+        &self,
+        producer: &FutureProducer<SinkContext>,
+        enqueued: u64,
+        delivered: Result<OwnedDeliveryResult, futures::channel::oneshot::Canceled>,
+    ) -> Result<(), SinkError> {
+        let result = match delivered {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => Err(classify(&e)),
+            Err(_) => Err(SinkError::new("kafka producer dropped the message")),
+        };
+        self.heard(producer, enqueued, &result);
+        result
     }
 }
 

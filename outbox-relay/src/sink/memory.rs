@@ -1,25 +1,22 @@
 //! An in-memory sink for tests: keeps what it was sent, and fails on demand.
 
-use super::{Message, Sink, SinkError};
-use futures::future::BoxFuture;
+use super::{Ack, Message, Sink, SinkError};
+use futures::future::{BoxFuture, FutureExt, ready};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// Records every published message. Clones share the same record.
 ///
 /// ```
 /// # use outbox_relay::sink::{Message, Sink, memory::MemorySink};
-/// # tokio_test_block_on(async {
+/// # futures::executor::block_on(async {
 /// let sink = MemorySink::default();
 /// sink.fail_keys(["13"]);
 /// let mut unlucky = Message::example();
 /// unlucky.key = "13".into();
-/// let results = sink.publish(&[Message::example(), unlucky]).await;
-/// assert!(results[0].is_ok() && results[1].is_err());
+/// assert!(sink.enqueue(&Message::example()).await.unwrap().await.is_ok());
+/// assert!(sink.enqueue(&unlucky).await.unwrap().await.is_err());
 /// assert_eq!(sink.messages().len(), 1);
 /// # });
-/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
-/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
-/// # }
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct MemorySink {
@@ -53,23 +50,17 @@ impl Sink for MemorySink {
         "memory"
     }
 
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
-        Box::pin(async move {
-            let mut state = self.lock();
-            batch
-                .iter()
-                .map(|m| {
-                    if state.failing_keys.contains(&m.key) {
-                        Err(SinkError::new(format!(
-                            "memory sink told to fail key {}",
-                            m.key
-                        )))
-                    } else {
-                        state.messages.push(m.clone());
-                        Ok(())
-                    }
-                })
-                .collect()
-        })
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+        let mut state = self.lock();
+        let result = if state.failing_keys.contains(&message.key) {
+            Err(SinkError::new(format!(
+                "memory sink told to fail key {}",
+                message.key
+            )))
+        } else {
+            state.messages.push(message.clone());
+            Ok(())
+        };
+        ready(Ok(ready(result).boxed())).boxed()
     }
 }

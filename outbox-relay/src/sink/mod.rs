@@ -139,41 +139,78 @@ impl SinkError {
     }
 }
 
-/// Why a message was not sent: an earlier message with its key failed in the same batch.
-pub const HELD_BACK: &str = "not sent: an earlier event of its aggregate failed";
+/// The broker's answer for one enqueued message: resolves to `Ok` once the broker has acknowledged
+/// the message durably, or to the error that stopped it. It must resolve on its own (the client's
+/// I/O runs elsewhere): the relay awaits it later, after other work.
+pub type Ack = BoxFuture<'static, Result<(), SinkError>>;
 
-/// A destination for events.
+/// A destination for events, in two phases: [`enqueue`](Sink::enqueue) hands one message to the
+/// client and returns at once with the future of its acknowledgement ([`Ack`]).
+///
+/// The relay owns everything else: it enqueues a batch in `seq` order, awaits the acks while it
+/// claims the next batch, holds back an aggregate's later events after a failure, and decides
+/// from each error's [`FailureKind`] whether to retry, park or back off. A sink only has to keep
+/// the order it was given: messages enqueued one after another with the same key reach the broker
+/// in that order.
+///
+/// Writing a sink means writing `enqueue`, and sorting the client's errors into the three kinds
+/// ([`SinkError::new`], [`SinkError::permanent`], [`SinkError::unavailable`]). Here, a sink that
+/// posts each event to an HTTP endpoint, with any client that returns a future for the response
+/// (`post` stands in for it):
 ///
 /// ```
-/// use futures::future::BoxFuture;
-/// use outbox_relay::sink::{Message, Sink, SinkError};
+/// use futures::future::{BoxFuture, FutureExt};
+/// use outbox_relay::sink::{Ack, Message, Sink, SinkError};
 ///
-/// /// Counts events instead of publishing them.
-/// struct Counter(std::sync::atomic::AtomicUsize);
+/// struct HttpSink { endpoint: String }
 ///
-/// impl Sink for Counter {
-///     fn name(&self) -> &str { "counter" }
-///     fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
-///         Box::pin(async move {
-///             self.0.fetch_add(batch.len(), std::sync::atomic::Ordering::Relaxed);
-///             batch.iter().map(|_| Ok(())).collect()
-///         })
+/// /// What an HTTP client's `post` would return: the response status, or an I/O error.
+/// async fn post(url: String, key: String, body: bytes::Bytes) -> Result<u16, std::io::Error> {
+///     # let _ = (url, key, body);
+///     Ok(201)
+/// }
+///
+/// impl Sink for HttpSink {
+///     fn name(&self) -> &str { "http" }
+///
+///     fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+///         let url = format!("{}/{}", self.endpoint, message.topic);
+///         let request = post(url, message.key.clone(), message.payload.clone());
+///         let ack: Ack = async move {
+///             match request.await {
+///                 Ok(200..=299) => Ok(()),
+///                 // The endpoint refuses this event: retrying cannot help, park it.
+///                 Ok(status @ 400..=499) => Err(SinkError::permanent(format!("HTTP {status}"))),
+///                 Ok(status) => Err(SinkError::new(format!("HTTP {status}"))),
+///                 Err(e) => Err(SinkError::new(e.to_string())),
+///             }
+///         }
+///         .boxed();
+///         futures::future::ready(Ok(ack)).boxed()
 ///     }
 /// }
+///
+/// # futures::executor::block_on(async {
+/// let sink = HttpSink { endpoint: "http://127.0.0.1:8080/events".into() };
+/// let ack = sink.enqueue(&Message::example()).await.unwrap();
+/// assert!(ack.await.is_ok());
+/// # });
 /// ```
+///
+/// (Posting one request per event does not keep an aggregate's order unless the endpoint handles
+/// requests in order; a real HTTP sink would send one aggregate's events one at a time.)
 pub trait Sink: Send + Sync {
     /// A short name for logs, such as `kafka`.
     fn name(&self) -> &str;
 
-    /// Publishes the whole batch (sends pipelined: send all, then await every ack) and returns one
-    /// result per message, in order. `Ok` means the broker acknowledged the message durably: the
-    /// relay marks a row published only then. The relay checks the count: a sink that returns
-    /// more or fewer results fails the whole batch (nothing marked, every row retried later).
+    /// Hands `message` to the client and returns once it is queued, with the future of its
+    /// acknowledgement. May wait while the client's queue is full. An error means the message
+    /// was not queued: the relay sends none of its aggregate's later messages in this batch.
+    /// [`FailureKind::Unavailable`] stops the whole batch: nothing more is enqueued, and the rows
+    /// are left as they were while the relay backs off.
     ///
-    /// Order: messages with the same key (one aggregate) must reach the broker in batch order, and
-    /// once one of them is known to have failed, the later ones must not be sent at all (return an
-    /// error for them), or they would overtake it.
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>>;
+    /// A row is marked published only when its [`Ack`] resolved to `Ok`.
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>>;
 
     /// Whether the sink can reach its broker now, for `/readyz`. The default says yes.
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
@@ -186,13 +223,40 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
         (**self).name()
     }
 
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
-        (**self).publish(batch)
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+        (**self).enqueue(message)
     }
 
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         (**self).ready()
     }
+}
+
+/// Sends `batch` through `sink` in order and awaits every ack: one result per message. A helper
+/// for tests and tools that use a sink without the relay; it applies none of the relay's ordering
+/// rules (a message after a failed one of its key is still sent).
+///
+/// ```
+/// # use outbox_relay::sink::{Message, memory::MemorySink, send_all};
+/// # futures::executor::block_on(async {
+/// let sink = MemorySink::default();
+/// let results = send_all(&sink, &[Message::example(), Message::example()]).await;
+/// assert!(results.iter().all(Result::is_ok));
+/// # });
+/// ```
+pub async fn send_all(sink: &dyn Sink, batch: &[Message]) -> Vec<Result<(), SinkError>> {
+    let mut acks = Vec::with_capacity(batch.len());
+    for message in batch {
+        acks.push(sink.enqueue(message).await);
+    }
+    let mut results = Vec::with_capacity(acks.len());
+    for ack in acks {
+        results.push(match ack {
+            Ok(ack) => ack.await,
+            Err(e) => Err(e),
+        });
+    }
+    results
 }
 
 /// The configuration of a built-in sink. The command line builds it from flags, the environment

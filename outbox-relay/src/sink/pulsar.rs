@@ -12,13 +12,14 @@
 //! reconnect; a resend after a relay crash is a duplicate that consumers' inbox absorbs
 //! (`docs/design.md`, "Pulsar").
 
-use super::{HELD_BACK, Message, Sink, SinkError};
-use futures::future::BoxFuture;
+use super::{Ack, Message, Sink, SinkError};
+use futures::future::{BoxFuture, FutureExt};
 use outbox_core::pulsar_client::PulsarConnection;
 use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
 use pulsar::message::proto::ServerError;
 use pulsar::{ConnectionRetryOptions, Producer, ProducerOptions, Pulsar, TokioExecutor, producer};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
@@ -103,17 +104,17 @@ impl PulsarConfig {
 pub struct PulsarSink {
     config: PulsarConfig,
     /// The client and one producer per topic, created on first use. Sends take `&mut` producers,
-    /// and one batch at a time keeps each key's messages in order.
+    /// one message at a time, which keeps each key's messages in the order they were enqueued.
     state: Mutex<Connected>,
+    /// Topics whose producer was closed or fenced: replaced at the next send to the topic. Acks
+    /// report them, after the state's lock was released.
+    closed: Arc<std::sync::Mutex<HashSet<String>>>,
 }
 
 #[derive(Default)]
 struct Connected {
     client: Option<Pulsar<TokioExecutor>>,
     producers: HashMap<String, Producer<TokioExecutor>>,
-    /// Topics whose producer was closed or fenced: replaced before the next batch, never
-    /// mid-batch, where dropping it would fail messages already in flight.
-    closed: HashSet<String>,
 }
 
 impl std::fmt::Debug for PulsarSink {
@@ -137,6 +138,7 @@ impl PulsarSink {
         Ok(PulsarSink {
             config: config.clone(),
             state: Mutex::new(Connected::default()),
+            closed: Arc::default(),
         })
     }
 }
@@ -208,56 +210,23 @@ impl Sink for PulsarSink {
         })
     }
 
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
         Box::pin(async move {
-            // Send the whole batch, then await the receipts: one round of broker latency per
-            // batch. A message that cannot be sent stops its key's later messages, so they cannot
-            // reach the broker ahead of it.
-            let mut pending = Vec::with_capacity(batch.len());
-            let mut refused_keys = HashSet::new();
-            {
+            let receipt = {
                 let mut state = self.state.lock().await;
-                let closed = std::mem::take(&mut state.closed);
-                state.producers.retain(|topic, _| !closed.contains(topic));
-                // Once the broker refuses the client itself, the rest of the batch is not tried.
-                let mut unavailable: Option<SinkError> = None;
-                for message in batch {
-                    if let Some(e) = &unavailable {
-                        pending.push(Err(e.clone()));
-                        continue;
+                self.send(&mut state, message).await?
+            };
+            let topic = self.config.topic(&message.topic);
+            let closed = self.closed.clone();
+            let ack = async move {
+                receipt.await.map(drop).map_err(|e| {
+                    if producer_gone(&e) {
+                        lock(&closed).insert(topic);
                     }
-                    if refused_keys.contains(message.key.as_str()) {
-                        pending.push(Err(SinkError::new(HELD_BACK)));
-                        continue;
-                    }
-                    let sent = self.send(&mut state, message).await;
-                    match &sent {
-                        Err(e) if e.is_unavailable() => unavailable = Some(e.clone()),
-                        Err(_) => {
-                            refused_keys.insert(message.key.as_str());
-                        }
-                        Ok(_) => {}
-                    }
-                    pending.push(sent);
-                }
-            }
-            let mut results = Vec::with_capacity(batch.len());
-            let mut closed = HashSet::new();
-            for (sent, message) in pending.into_iter().zip(batch) {
-                results.push(match sent {
-                    Ok(receipt) => receipt.await.map(drop).map_err(|e| {
-                        if producer_gone(&e) {
-                            closed.insert(self.config.topic(&message.topic));
-                        }
-                        classify(&e)
-                    }),
-                    Err(e) => Err(e),
-                });
-            }
-            if !closed.is_empty() {
-                self.state.lock().await.closed.extend(closed);
-            }
-            results
+                    classify(&e)
+                })
+            };
+            Ok(ack.boxed())
         })
     }
 }
@@ -276,6 +245,9 @@ impl PulsarSink {
             )));
         }
         let topic = self.config.topic(&message.topic);
+        if lock(&self.closed).remove(&topic) {
+            state.producers.remove(&topic);
+        }
         let producer = state.producer(&self.config, &topic).await?;
         let outgoing = producer::Message {
             // The one copy on the way to the broker: the crate's message owns its payload.
@@ -287,11 +259,17 @@ impl PulsarSink {
         };
         producer.send_non_blocking(outgoing).await.map_err(|e| {
             if producer_gone(&e) {
-                state.closed.insert(topic);
+                lock(&self.closed).insert(topic);
             }
             classify(&e)
         })
     }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Whether the producer that returned `error` cannot send any more.

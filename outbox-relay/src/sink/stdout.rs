@@ -1,7 +1,7 @@
 //! A sink that prints one JSON line per event: for local debugging and the demo.
 
-use super::{Message, Sink, SinkError};
-use futures::future::BoxFuture;
+use super::{Ack, Message, Sink, SinkError};
+use futures::future::{BoxFuture, FutureExt, ready};
 use serde::Serialize;
 use serde_json::Value;
 use std::io::Write;
@@ -55,18 +55,10 @@ impl Sink for StdoutSink {
         "stdout"
     }
 
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
-        let mut out = std::io::stdout().lock();
-        let mut results: Vec<Result<(), SinkError>> = batch
-            .iter()
-            .map(|m| writeln!(out, "{}", Self::line(m)).map_err(|e| SinkError::new(e.to_string())))
-            .collect();
-        if let Err(e) = out.flush() {
-            results = batch
-                .iter()
-                .map(|_| Err(SinkError::new(e.to_string())))
-                .collect();
-        }
-        Box::pin(futures::future::ready(results))
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+        // Standard output is line-buffered: each line is written out when it is acked.
+        let written = writeln!(std::io::stdout().lock(), "{}", Self::line(message))
+            .map_err(|e| SinkError::new(e.to_string()));
+        ready(Ok(ready(written).boxed())).boxed()
     }
 }

@@ -316,12 +316,22 @@ pub async fn explain_claim<T: outbox_core::sea_orm::TryGetable>(
     options: &str,
     batch: usize,
 ) -> Vec<T> {
+    explain(f, options, &claim_sql(batch)).await
+}
+
+/// `EXPLAIN (options) query` with the relay's session settings, in a transaction rolled back
+/// afterwards.
+pub async fn explain<T: outbox_core::sea_orm::TryGetable>(
+    f: &Fixture,
+    options: &str,
+    query: &str,
+) -> Vec<T> {
     use outbox_core::sea_orm::TransactionTrait;
     let txn = f.db.begin().await.unwrap();
     txn.execute_unprepared(outbox_relay::POSTGRES_SESSION_SQL)
         .await
         .unwrap();
-    let explain = format!("EXPLAIN ({options}) {}", claim_sql(batch));
+    let explain = format!("EXPLAIN ({options}) {query}");
     let plan = txn
         .query_all_raw(Statement::from_string(DbBackend::Postgres, explain))
         .await
@@ -334,8 +344,14 @@ pub async fn explain_claim<T: outbox_core::sea_orm::TryGetable>(
 }
 
 /// The relay's claim query (`POSTGRES_CLAIM_SQL`) with its parameters written in: every shard,
-/// `batch` rows, parked aggregates held back, the relay's default byte limits.
+/// `batch` rows, parked aggregates held back, the relay's default byte limits, no batch in flight.
 pub fn claim_sql(batch: usize) -> String {
+    claim_sql_skipping(batch, "'{}'::int8[]")
+}
+
+/// [`claim_sql`] with a batch in flight: `in_flight` is an SQL expression of its `seq`s
+/// (`int8[]`), which the claim skips.
+pub fn claim_sql_skipping(batch: usize, in_flight: &str) -> String {
     let config = RelayConfig::new("postgres://unused");
     outbox_relay::POSTGRES_CLAIM_SQL
         .replace("$1", "ARRAY(SELECT generate_series(0, 255)::smallint)")
@@ -343,4 +359,5 @@ pub fn claim_sql(batch: usize) -> String {
         .replace("$3", "true")
         .replace("$4", &config.max_payload_bytes.to_string())
         .replace("$5", &config.max_batch_bytes.to_string())
+        .replace("$6", in_flight)
 }
