@@ -1,12 +1,12 @@
-//! Latency from the recording transaction's commit to the broker's ack, as the relay sees it (after
-//! awaiting its batch's acks), at a fixed offered rate.
+//! Latency from the recording transaction's commit to the broker's ack, as the relay sees it (when
+//! it reads the ack), at a fixed offered rate.
 
 use crate::setup;
 use futures::future::BoxFuture;
 use outbox_core::OutboxEvent;
 use outbox_core::sea_orm::{Database, TransactionTrait};
 use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
-use outbox_relay::sink::{Message, Sink, SinkError};
+use outbox_relay::sink::{Ack, Message, Sink, SinkError};
 use outbox_relay::{Relay, RelayConfig, Wakeup};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -37,17 +37,22 @@ impl Sink for TimingSink {
         "kafka"
     }
 
-    fn publish<'a>(&'a self, batch: &'a [Message]) -> BoxFuture<'a, Vec<Result<(), SinkError>>> {
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
         Box::pin(async move {
-            let results = self.inner.publish(batch).await;
-            let now = Instant::now();
-            let mut acked = self.acked.lock().unwrap();
-            for (message, result) in batch.iter().zip(&results) {
+            let ack = self.inner.enqueue(message).await?;
+            let (acked, event_id) = (self.acked.clone(), message.event_id);
+            let timed: Ack = Box::pin(async move {
+                let result = ack.await;
                 if result.is_ok() {
-                    acked.entry(message.event_id).or_insert(now);
+                    acked
+                        .lock()
+                        .unwrap()
+                        .entry(event_id)
+                        .or_insert_with(Instant::now);
                 }
-            }
-            results
+                result
+            });
+            Ok(timed)
         })
     }
 }

@@ -1,11 +1,13 @@
 //! The limits, with no relay: the claim-and-mark SQL alone, the producer alone, and the two
-//! together as the relay would run them (the "null pipeline").
+//! together as the relay runs them (the "null pipelines"): one after the other (serial), and with
+//! the next claim overlapping the broker's acks (pipelined). Both claim as the relay does, with a
+//! plain read, and mark in a short transaction of its own.
 
 use crate::setup::{self, Db};
 use outbox_relay::Mode;
 use outbox_relay::sink::kafka::KafkaConfig;
 use rdkafka::config::ClientConfig;
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use sqlx::Row;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
@@ -19,40 +21,56 @@ pub fn producer(brokers: &str) -> FutureProducer {
     client.create().expect("producer")
 }
 
-/// One claimed batch: ids, keys, payloads.
-type Batch = (Vec<Uuid>, Vec<String>, Vec<String>);
+/// One claimed batch: ids, seqs, keys, payloads.
+#[derive(Default)]
+struct Batch {
+    ids: Vec<Uuid>,
+    seqs: Vec<i64>,
+    keys: Vec<String>,
+    payloads: Vec<String>,
+}
 
-async fn claim(tx: &mut sqlx::PgConnection, batch: usize) -> Batch {
+/// The oldest unpublished rows, skipping the `seq`s in `skip` (a batch in flight).
+async fn claim(conn: &mut sqlx::PgConnection, batch: usize, skip: &[i64]) -> Batch {
     let rows = sqlx::query(
-        "SELECT id, aggregate_id, payload::text FROM outbox WHERE published_at IS NULL
-         ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED",
+        "SELECT id, seq, aggregate_id, payload::text FROM outbox
+         WHERE published_at IS NULL AND seq <> ALL($2)
+         ORDER BY seq LIMIT $1",
     )
     .bind(batch as i64)
-    .fetch_all(&mut *tx)
+    .bind(skip)
+    .fetch_all(&mut *conn)
     .await
     .expect("claim");
-    let mut claimed = (Vec::new(), Vec::new(), Vec::new());
+    let mut claimed = Batch::default();
     for r in rows {
-        claimed.0.push(r.get(0));
-        claimed.1.push(r.get(1));
-        claimed.2.push(r.get(2));
+        claimed.ids.push(r.get(0));
+        claimed.seqs.push(r.get(1));
+        claimed.keys.push(r.get(2));
+        claimed.payloads.push(r.get(3));
     }
     claimed
 }
 
-async fn settle(tx: &mut sqlx::PgConnection, ids: &[Uuid], mode: Mode) {
+async fn settle(conn: &mut sqlx::PgConnection, ids: &[Uuid], mode: Mode) {
     let sql = match mode {
         Mode::Mark => "UPDATE outbox SET published_at = now() WHERE id = ANY($1)",
         Mode::Delete => "DELETE FROM outbox WHERE id = ANY($1)",
     };
     sqlx::query(sql)
         .bind(ids)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .expect("settle");
 }
 
-async fn send_all(producer: &FutureProducer, topic: &str, keys: &[String], payloads: &[String]) {
+/// Hands every message to the producer; the acks come later.
+async fn enqueue_all(
+    producer: &FutureProducer,
+    topic: &str,
+    keys: &[String],
+    payloads: &[String],
+) -> Vec<DeliveryFuture> {
     let mut pending = Vec::with_capacity(keys.len());
     for (key, payload) in keys.iter().zip(payloads) {
         let mut record = FutureRecord::to(topic)
@@ -71,11 +89,18 @@ async fn send_all(producer: &FutureProducer, topic: &str, keys: &[String], paylo
             }
         }
     }
+    pending
+}
+
+async fn acked(pending: Vec<DeliveryFuture>) {
     for delivery in pending {
         delivery.await.expect("delivery").expect("acked");
     }
 }
 
+async fn send_all(producer: &FutureProducer, topic: &str, keys: &[String], payloads: &[String]) {
+    acked(enqueue_all(producer, topic, keys, payloads).await).await;
+}
 /// Claim-and-mark (or delete) with no broker: rows/s.
 pub async fn raw_sql(
     base_url: &str,
@@ -89,13 +114,11 @@ pub async fn raw_sql(
     let mut conn = db.pool.acquire().await.unwrap();
     let started = Instant::now();
     loop {
-        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        let (ids, _, _) = claim(&mut tx, batch).await;
-        if ids.is_empty() {
+        let claimed = claim(&mut conn, batch, &[]).await;
+        if claimed.ids.is_empty() {
             break;
         }
-        settle(&mut tx, &ids, mode).await;
-        tx.commit().await.unwrap();
+        settle(&mut conn, &claimed.ids, mode).await;
     }
     events as f64 / started.elapsed().as_secs_f64()
 }
@@ -118,7 +141,8 @@ pub async fn raw_producer(brokers: &str, events: usize, aggregates: usize, batch
     events as f64 / started.elapsed().as_secs_f64()
 }
 
-/// The relay's work without the relay: claim, send the batch, await the acks, mark, commit.
+/// The relay's work without the relay, one step after the other: claim, send the batch, await the
+/// acks, mark.
 pub async fn null_pipeline(
     base_url: &str,
     brokers: &str,
@@ -135,14 +159,58 @@ pub async fn null_pipeline(
     let mut conn = db.pool.acquire().await.unwrap();
     let started = Instant::now();
     loop {
-        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-        let (ids, keys, payloads) = claim(&mut tx, batch).await;
-        if ids.is_empty() {
+        let claimed = claim(&mut conn, batch, &[]).await;
+        if claimed.ids.is_empty() {
             break;
         }
-        send_all(&producer, &topic, &keys, &payloads).await;
-        settle(&mut tx, &ids, mode).await;
-        tx.commit().await.unwrap();
+        send_all(&producer, &topic, &claimed.keys, &claimed.payloads).await;
+        settle(&mut conn, &claimed.ids, mode).await;
+    }
+    events as f64 / started.elapsed().as_secs_f64()
+}
+
+/// The relay's work without the relay, pipelined as the relay runs it: claim the next batch
+/// (skipping the one in flight) while the broker acks the current one, then send the next and
+/// mark the acked one while the broker works.
+pub async fn pipelined_null_pipeline(
+    base_url: &str,
+    brokers: &str,
+    events: usize,
+    aggregates: usize,
+    batch: usize,
+    mode: Mode,
+) -> f64 {
+    let db: Db = setup::fresh(base_url).await;
+    setup::fill(&db, events, aggregates).await;
+    let producer = producer(brokers);
+    let topic = format!("bench-pipe-{}", Uuid::now_v7().simple());
+    send_all(&producer, &topic, &["warm-up".into()], &["{}".into()]).await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let started = Instant::now();
+    let mut in_flight: Option<(Batch, Vec<DeliveryFuture>)> = None;
+    loop {
+        let skip = in_flight
+            .as_ref()
+            .map(|(b, _)| b.seqs.clone())
+            .unwrap_or_default();
+        let claimed = claim(&mut conn, batch, &skip).await;
+        let answered = match in_flight.take() {
+            Some((sent, pending)) => {
+                acked(pending).await;
+                Some(sent)
+            }
+            None => None,
+        };
+        if claimed.ids.is_empty() && answered.is_none() {
+            break;
+        }
+        if !claimed.ids.is_empty() {
+            let pending = enqueue_all(&producer, &topic, &claimed.keys, &claimed.payloads).await;
+            in_flight = Some((claimed, pending));
+        }
+        if let Some(sent) = answered {
+            settle(&mut conn, &sent.ids, mode).await;
+        }
     }
     events as f64 / started.elapsed().as_secs_f64()
 }

@@ -104,7 +104,18 @@ async fn main() {
                 let sql = limits::raw_sql(db, scale.events, AGGREGATES, batch, mode).await;
                 let null =
                     limits::null_pipeline(db, kafka, scale.events, AGGREGATES, batch, mode).await;
-                report.limits.push(Row::limit(batch, mode, sql, null));
+                let pipelined = limits::pipelined_null_pipeline(
+                    db,
+                    kafka,
+                    scale.events,
+                    AGGREGATES,
+                    batch,
+                    mode,
+                )
+                .await;
+                report
+                    .limits
+                    .push(Row::limit(batch, mode, sql, null, pipelined));
             }
         }
         report.raw_producer = limits::raw_producer(kafka, scale.events, AGGREGATES, 500).await;

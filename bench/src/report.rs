@@ -11,16 +11,24 @@ pub struct Row {
     mode: Mode,
     raw_sql: f64,
     null_pipeline: f64,
+    pipelined_null: f64,
     relay: Vec<(usize, f64)>,
 }
 
 impl Row {
-    pub fn limit(batch: usize, mode: Mode, raw_sql: f64, null_pipeline: f64) -> Row {
+    pub fn limit(
+        batch: usize,
+        mode: Mode,
+        raw_sql: f64,
+        null_pipeline: f64,
+        pipelined_null: f64,
+    ) -> Row {
         Row {
             batch,
             mode,
             raw_sql,
             null_pipeline,
+            pipelined_null,
             relay: Vec::new(),
         }
     }
@@ -128,24 +136,26 @@ impl Report {
         let _ = writeln!(out, "### Draining a backlog (events/s acked by Kafka)\n");
         let _ = writeln!(
             out,
-            "| batch | mode | raw SQL | null pipeline | relay, 1 replica | relay, 2 replicas | efficiency (1 replica / null) |"
+            "| batch | mode | raw SQL | null pipeline, serial | null pipeline, pipelined | relay, 1 replica | relay, 2 replicas | efficiency (1 replica / pipelined null) | efficiency (1 replica / serial null) |"
         );
-        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|");
         for r in &self.limits {
             let relay = |n: usize| r.relay.iter().find(|(k, _)| *k == n).map(|(_, v)| *v);
             let fmt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
             let efficiency =
-                relay(1).map_or("-".to_owned(), |v| format!("{:.2}", v / r.null_pipeline));
+                |limit: f64| relay(1).map_or("-".to_owned(), |v| format!("{:.2}", v / limit));
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.0} | {:.0} | {} | {} | {} |",
+                "| {} | {} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} |",
                 r.batch,
                 mode_name(r.mode),
                 r.raw_sql,
                 r.null_pipeline,
+                r.pipelined_null,
                 fmt(relay(1)),
                 fmt(relay(2)),
-                efficiency
+                efficiency(r.pipelined_null),
+                efficiency(r.null_pipeline),
             );
         }
         let _ = writeln!(
@@ -208,7 +218,7 @@ impl Report {
             .iter()
             .map(|r| {
                 json!({
-                    "batch": r.batch, "mode": mode_name(r.mode), "raw_sql": r.raw_sql, "null_pipeline": r.null_pipeline,
+                    "batch": r.batch, "mode": mode_name(r.mode), "raw_sql": r.raw_sql, "null_pipeline": r.null_pipeline, "pipelined_null_pipeline": r.pipelined_null,
                     "relay": r.relay.iter().map(|(n, v)| json!({ "replicas": n, "events_per_second": v })).collect::<Vec<_>>(),
                 })
             })
