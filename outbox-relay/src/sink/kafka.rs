@@ -72,6 +72,7 @@ impl KafkaConfig {
     /// let settings = KafkaConfig::new("127.0.0.1:9092").producer_settings();
     /// assert_eq!(settings["enable.idempotence"], "true");
     /// assert_eq!(settings["acks"], "all");
+    /// assert_eq!(settings["partitioner"], "murmur2_random"); // as Java clients place keys
     /// ```
     pub fn producer_settings(&self) -> BTreeMap<String, String> {
         let mut settings: BTreeMap<String, String> = [
@@ -84,6 +85,10 @@ impl KafkaConfig {
             // The relay enqueues a whole batch at once and awaits its acks later: lingering for
             // more messages only adds latency.
             ("linger.ms", "1"),
+            // The Java client's partitioner (murmur2), not librdkafka's default (CRC32): a key
+            // lands on the partition Debezium, Kafka Streams or any Java producer would choose,
+            // so moving a topic between them and the relay keeps each key's order.
+            ("partitioner", "murmur2_random"),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
