@@ -446,8 +446,11 @@ async fn publish_raw(
     } else {
         use rdkafka::message::{Header, OwnedHeaders};
         use rdkafka::producer::{FutureProducer, FutureRecord};
+        // Another producer of the topic, placing keys as the relay (and Java clients) do, so the
+        // key's messages share a partition and their order is known.
         let producer: FutureProducer = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", common::kafka::brokers())
+            .set("partitioner", "murmur2_random")
             .create()
             .unwrap();
         let mut owned = OwnedHeaders::new();

@@ -88,9 +88,11 @@ impl KafkaConsumer {
         topics: &[&str],
         options: ConsumerOptions,
     ) -> Result<Self, ConsumerError> {
+        // Dead letters keep their key; murmur2 places it as the relay and Java clients do.
         let producer: FutureProducer = config
             .clone()
             .set("enable.idempotence", "true")
+            .set("partitioner", "murmur2_random")
             .create()
             .map_err(|e| ConsumerError::Broker(format!("kafka producer: {e}")))?;
         let consumer: StreamConsumer = config
