@@ -64,6 +64,11 @@ pub struct RelayConfig {
     pub prune_interval: Duration,
     /// How often to sample the backlog gauges. Default 5 s.
     pub metrics_interval: Duration,
+    /// How long the relay waits for a sink's answer about one message, from the moment it was
+    /// enqueued; a message with no answer by then counts as a failed attempt and is retried. It
+    /// keeps a sink whose acknowledgement never comes from stopping the relay. Keep it above the
+    /// client's own timeout (Kafka's `message.timeout.ms`, 30 s by default). Default 2 minutes.
+    pub ack_timeout: Duration,
 }
 
 impl RelayConfig {
@@ -85,6 +90,7 @@ impl RelayConfig {
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             prune_interval: Duration::from_secs(60),
             metrics_interval: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -108,6 +114,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("retention", &self.retention)
             .field("prune_interval", &self.prune_interval)
             .field("metrics_interval", &self.metrics_interval)
+            .field("ack_timeout", &self.ack_timeout)
             .finish()
     }
 }

@@ -7,7 +7,7 @@ use crate::ordering::{Admission, Verdict, Verdicts, Waiting};
 use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
 use crate::redact::redact_url;
 use crate::routing::Router;
-use crate::sink::{Ack, Sink};
+use crate::sink::{Ack, Sink, SinkError};
 use crate::tasks::BackgroundTasks;
 use crate::wakeup::{self, Wakeup};
 use crate::{metrics, prune};
@@ -330,6 +330,7 @@ impl Relay {
                         row,
                         topic: message.topic,
                         ack,
+                        answer_by: Instant::now() + self.config.ack_timeout,
                     });
                 }
                 // The broker refuses the relay itself: nothing more is sent.
@@ -363,8 +364,21 @@ impl Relay {
             ..
         } = batch;
         let mut verdicts = verdicts.expect("set when the batch was sent");
-        for Sent { row, topic, ack } in sent {
-            let answer = ack.await;
+        for Sent {
+            row,
+            topic,
+            ack,
+            answer_by,
+        } in sent
+        {
+            let answer = tokio::time::timeout_at(answer_by, ack)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SinkError::new(format!(
+                        "no answer from the sink within {:?} (ack_timeout)",
+                        self.config.ack_timeout
+                    )))
+                });
             if let Err(e) = &answer
                 && e.is_unavailable()
             {
@@ -492,6 +506,8 @@ struct Sent {
     row: OutboxRow,
     topic: String,
     ack: Ack,
+    /// Without an answer by then, the message failed (`ack_timeout`).
+    answer_by: Instant,
 }
 
 /// A batch whose answers are all in.

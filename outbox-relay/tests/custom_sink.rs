@@ -224,3 +224,56 @@ async fn rows_whose_created_at_is_not_a_date_do_not_stop_the_claim() {
     let published = publish_with_list(config, 2).await;
     assert_eq!(published.len(), 2, "{published:?}");
 }
+
+/// A sink whose client never answers for one aggregate's messages, and acks the rest.
+struct SilentSink;
+
+impl Sink for SilentSink {
+    fn name(&self) -> &str {
+        "silent"
+    }
+
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+        let ack: Ack = if message.key == "silent" {
+            Box::pin(futures::future::pending())
+        } else {
+            Box::pin(async { Ok(()) })
+        };
+        Box::pin(async move { Ok(ack) })
+    }
+}
+
+#[tokio::test]
+async fn an_ack_that_never_comes_fails_its_event_after_ack_timeout_and_the_rest_flows() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'cart', CASE WHEN g = 5 THEN 'silent' ELSE 'c-' || (g % 3) END,
+                'CartChanged', '{}'
+         FROM generate_series(1, 30) g",
+    )
+    .await
+    .unwrap();
+    let mut config = f.relay_config();
+    config.ack_timeout = Duration::from_millis(300);
+    config.max_backoff = Duration::from_millis(300);
+    let relay = Relay::new(config, SilentSink);
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await }
+    });
+    f.wait_until_zero(
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL AND aggregate_id <> 'silent'",
+        Duration::from_secs(30),
+    )
+    .await;
+    f.wait_until_zero(
+        "SELECT count(*) FROM outbox WHERE aggregate_id = 'silent'
+           AND (attempts < 2 OR last_error NOT LIKE 'no answer from the sink within 300ms (ack_timeout)')",
+        Duration::from_secs(30),
+    )
+    .await;
+    shutdown.cancel();
+    running.await.unwrap();
+}
