@@ -288,4 +288,88 @@ mod tests {
         );
         assert_eq!(verdicts.waiting(), Waiting::default());
     }
+
+    mod any_batch {
+        //! Property: whatever the sink refuses at enqueue and answers later, and whatever waits
+        //! from the batch before, an aggregate's published events in a batch are a prefix of its
+        //! events in that batch (nothing is marked after one of its events that was not), and an
+        //! aggregate with an event sent or refused but not published waits in the next batch.
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One claimed row: aggregate 0-3, attempts 0 or 1, refused at enqueue, and the answer
+        /// (0 ok, 1 transient, 2 permanent, 3 unavailable).
+        type Spec = (u8, bool, bool, u8);
+
+        proptest! {
+            #[test]
+            fn published_events_are_a_prefix_per_aggregate(
+                specs in proptest::collection::vec((0u8..4, any::<bool>(), any::<bool>(), 0u8..4), 0..40),
+                waiting in proptest::collection::btree_set(0u8..4, 0..3),
+            ) {
+                let rows: Vec<(OutboxRow, Spec)> = specs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, spec)| (row(&format!("a{}", spec.0), i as i64, i32::from(spec.1)), *spec))
+                    .collect();
+                let waiting = Waiting(
+                    waiting.iter().map(|a| ("order".to_owned(), format!("a{a}"))).collect(),
+                );
+                let mut admission = Admission::new(waiting.clone());
+                let mut sent = Vec::new();
+                // What became of each row: Some(true) published, Some(false) settled otherwise,
+                // None untouched.
+                let mut fate: Vec<Option<bool>> = vec![None; rows.len()];
+                for (i, (row, spec)) in rows.iter().enumerate() {
+                    if !admission.admit(row) {
+                        continue;
+                    }
+                    if spec.2 {
+                        admission.refused(row);
+                        fate[i] = Some(false);
+                    } else {
+                        admission.sent(row);
+                        sent.push(i);
+                    }
+                }
+                let mut verdicts = admission.into_verdicts();
+                for &i in &sent {
+                    let (row, spec) = &rows[i];
+                    let answer = match spec.3 {
+                        0 => Ok(()),
+                        1 => Err(SinkError::new("timeout")),
+                        2 => Err(SinkError::permanent("too large")),
+                        _ => Err(SinkError::unavailable("refused")),
+                    };
+                    fate[i] = match verdicts.verdict(row, answer) {
+                        Verdict::Published => Some(true),
+                        Verdict::Untouched => None,
+                        _ => Some(false),
+                    };
+                }
+                let next = verdicts.waiting();
+                for a in 0..4u8 {
+                    let aggregate = ("order".to_owned(), format!("a{a}"));
+                    let fates: Vec<Option<bool>> = rows
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, (_, spec))| spec.0 == a)
+                        .map(|(i, _)| fate[i])
+                        .collect();
+                    let published = fates.iter().take_while(|f| **f == Some(true)).count();
+                    prop_assert!(
+                        fates[published..].iter().all(|f| *f != Some(true)),
+                        "a{a}: {fates:?}"
+                    );
+                    if waiting.0.contains(&aggregate) {
+                        prop_assert!(fates.iter().all(Option::is_none), "a{a} waits: {fates:?}");
+                    }
+                    let failed = rows.iter().enumerate().any(|(i, (_, spec))| {
+                        spec.0 == a && sent.contains(&i) && fate[i] != Some(true)
+                    }) || fates.contains(&Some(false));
+                    prop_assert_eq!(next.0.contains(&aggregate), failed, "a{}: {:?}", a, fates);
+                }
+            }
+        }
+    }
 }
