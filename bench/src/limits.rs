@@ -141,6 +141,21 @@ pub async fn raw_producer(brokers: &str, events: usize, aggregates: usize, batch
     events as f64 / started.elapsed().as_secs_f64()
 }
 
+/// A fresh database filled with the backlog, a producer, and a new topic it has written to once.
+async fn ready(
+    base_url: &str,
+    brokers: &str,
+    events: usize,
+    aggregates: usize,
+) -> (Db, FutureProducer, String) {
+    let db: Db = setup::fresh(base_url).await;
+    setup::fill(&db, events, aggregates).await;
+    let producer = producer(brokers);
+    let topic = format!("bench-null-{}", Uuid::now_v7().simple());
+    send_all(&producer, &topic, &["warm-up".into()], &["{}".into()]).await;
+    (db, producer, topic)
+}
+
 /// The relay's work without the relay, one step after the other: claim, send the batch, await the
 /// acks, mark.
 pub async fn null_pipeline(
@@ -151,11 +166,7 @@ pub async fn null_pipeline(
     batch: usize,
     mode: Mode,
 ) -> f64 {
-    let db: Db = setup::fresh(base_url).await;
-    setup::fill(&db, events, aggregates).await;
-    let producer = producer(brokers);
-    let topic = format!("bench-null-{}", Uuid::now_v7().simple());
-    send_all(&producer, &topic, &["warm-up".into()], &["{}".into()]).await;
+    let (db, producer, topic) = ready(base_url, brokers, events, aggregates).await;
     let mut conn = db.pool.acquire().await.unwrap();
     let started = Instant::now();
     loop {
@@ -180,11 +191,7 @@ pub async fn pipelined_null_pipeline(
     batch: usize,
     mode: Mode,
 ) -> f64 {
-    let db: Db = setup::fresh(base_url).await;
-    setup::fill(&db, events, aggregates).await;
-    let producer = producer(brokers);
-    let topic = format!("bench-pipe-{}", Uuid::now_v7().simple());
-    send_all(&producer, &topic, &["warm-up".into()], &["{}".into()]).await;
+    let (db, producer, topic) = ready(base_url, brokers, events, aggregates).await;
     let mut conn = db.pool.acquire().await.unwrap();
     let started = Instant::now();
     let mut in_flight: Option<(Batch, Vec<DeliveryFuture>)> = None;
