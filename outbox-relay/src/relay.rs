@@ -3,7 +3,7 @@
 
 use crate::config::RelayConfig;
 use crate::leases::Leases;
-use crate::ordering::{Admission, Verdict, Verdicts, Waiting};
+use crate::ordering::{Admission, Verdict, Waiting};
 use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
 use crate::redact::redact_url;
 use crate::routing::Router;
@@ -255,20 +255,20 @@ impl Relay {
             // plain read: the leases make this replica their only publisher), skipping the rows
             // of the batch in flight, whose answers may still be coming in.
             let started = std::time::Instant::now();
-            let in_flight_seqs = in_flight.as_ref().map(InFlight::seqs).unwrap_or_default();
+            let in_flight_seqs = in_flight.as_ref().map_or(&[][..], |b| &b.settled_seqs);
             let hold_parked = !self.config.skip_parked;
             let claim = table
-                .claim(&self.limits(), &shards, hold_parked, &in_flight_seqs)
+                .claim(&self.limits(), &shards, hold_parked, in_flight_seqs)
                 .await?;
 
             // The batch in flight is answered: its failures hold their aggregates in the new one.
-            let answered = match in_flight.take() {
+            let mut answered = match in_flight.take() {
                 Some(batch) => Some(self.answers(batch).await),
                 None => None,
             };
             let waiting = answered
-                .as_ref()
-                .map(|a| a.waiting.clone())
+                .as_mut()
+                .map(|a| std::mem::take(&mut a.waiting))
                 .unwrap_or_default();
 
             // Send the new batch; its answers are read on the next turn.
@@ -305,18 +305,17 @@ impl Relay {
             outcome: Outcome::default(),
             settled_seqs: Vec::with_capacity(rows.len()),
             refused: None,
-            verdicts: None,
+            admission: Admission::new(waiting),
         };
-        let mut admission = Admission::new(waiting);
         for row in rows {
-            if batch.refused.is_some() || !admission.admit(&row) {
+            if batch.refused.is_some() || !batch.admission.admit(&row) {
                 continue;
             }
             let message = match self.router.message(&row) {
                 Ok(message) => message,
                 Err(reason) => {
                     tracing::error!(event_id = %row.id, seq = row.seq, %reason, "event parked");
-                    admission.refused(&row);
+                    batch.admission.refused(&row);
                     batch.settled_seqs.push(row.seq);
                     batch.outcome.parked.push((row.key(), reason));
                     continue;
@@ -324,7 +323,7 @@ impl Relay {
             };
             match self.sink.enqueue(&message).await {
                 Ok(ack) => {
-                    admission.sent(&row);
+                    batch.admission.sent(&row);
                     batch.settled_seqs.push(row.seq);
                     batch.sent.push(Sent {
                         row,
@@ -336,7 +335,7 @@ impl Relay {
                 // The broker refuses the relay itself: nothing more is sent.
                 Err(e) if e.is_unavailable() => batch.refused = Some(e.message),
                 Err(e) => {
-                    admission.refused(&row);
+                    batch.admission.refused(&row);
                     batch.settled_seqs.push(row.seq);
                     let verdict = if e.is_permanent() {
                         Verdict::Park(e.message)
@@ -347,7 +346,6 @@ impl Relay {
                 }
             }
         }
-        batch.verdicts = Some(admission.into_verdicts());
         Some(batch)
     }
 
@@ -360,10 +358,10 @@ impl Relay {
             sent,
             mut outcome,
             mut refused,
-            verdicts,
+            admission,
             ..
         } = batch;
-        let mut verdicts = verdicts.expect("set when the batch was sent");
+        let mut verdicts = admission.into_verdicts();
         for Sent {
             row,
             topic,
@@ -492,13 +490,8 @@ struct InFlight {
     settled_seqs: Vec<i64>,
     /// Why the broker refuses the relay, if it did at enqueue.
     refused: Option<String>,
-    verdicts: Option<Verdicts>,
-}
-
-impl InFlight {
-    fn seqs(&self) -> Vec<i64> {
-        self.settled_seqs.clone()
-    }
+    /// Which rows were sent: what the answers are read against.
+    admission: Admission,
 }
 
 /// One sent row and the future of the broker's answer.

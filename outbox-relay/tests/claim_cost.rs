@@ -87,7 +87,7 @@ async fn a_claim_that_skips_the_batch_in_flight_costs_about_one_batch() {
         first_claimed, expected,
         "the claim starts after the batch in flight"
     );
-    eprintln!("claim of 1000 rows: {alone} buffers alone, {skipping} skipping 1000 in flight");
+    eprintln!("claim of 1000 rows: {alone} buffers alone, {skipping} with 1000 in flight");
     assert!(
         skipping <= 2 * alone + 1000,
         "skipping the batch in flight cost {skipping} buffers, against {alone} without"

@@ -309,6 +309,22 @@ impl Shared {
         // Dropping a producer purges and flushes it, which may block briefly.
         tokio::task::spawn_blocking(move || drop(old));
     }
+
+    /// The result of a delivery, noted for the stuck-producer check.
+    fn answer(
+        &self,
+        producer: &FutureProducer<SinkContext>,
+        enqueued: u64,
+        delivered: Result<OwnedDeliveryResult, futures::channel::oneshot::Canceled>,
+    ) -> Result<(), SinkError> {
+        let result = match delivered {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err((e, _))) => Err(classify(&e)),
+            Err(_) => Err(SinkError::new("kafka producer dropped the message")),
+        };
+        self.heard(producer, enqueued, &result);
+        result
+    }
 }
 
 impl Sink for KafkaSink {
@@ -361,24 +377,6 @@ impl Sink for KafkaSink {
             };
             Ok(ack.boxed())
         })
-    }
-}
-
-impl Shared {
-    /// The result of a delivery, noted for the stuck-producer check.
-    fn answer(
-        &self,
-        producer: &FutureProducer<SinkContext>,
-        enqueued: u64,
-        delivered: Result<OwnedDeliveryResult, futures::channel::oneshot::Canceled>,
-    ) -> Result<(), SinkError> {
-        let result = match delivered {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((e, _))) => Err(classify(&e)),
-            Err(_) => Err(SinkError::new("kafka producer dropped the message")),
-        };
-        self.heard(producer, enqueued, &result);
-        result
     }
 }
 
