@@ -60,6 +60,11 @@ pub enum Error {
     #[error("outbox supports PostgreSQL and SQLite, not {0:?}")]
     UnsupportedBackend(sea_orm::DbBackend),
 
+    /// [`Recording::LogicalMessage`](crate::Recording) writes into PostgreSQL's WAL; this
+    /// connection's database has none.
+    #[error("table-less recording (Recording::LogicalMessage) needs PostgreSQL, not {0:?}")]
+    LogicalMessageUnsupported(sea_orm::DbBackend),
+
     /// Two Rust types linked into this binary register the same event type.
     #[error("event type `{event_type}` is registered by two Rust types: `{first}` and `{second}`")]
     DuplicateEventType {

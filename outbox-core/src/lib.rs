@@ -98,6 +98,54 @@ pub fn set_max_payload_bytes(limit: usize) {
     MAX_PAYLOAD_BYTES.store(limit, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// Where `record` writes events. The application chooses once, at start, with [`set_recording`];
+/// every `record`, `record_all` and `record_new_events` call follows it, so code that records
+/// events does not change.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Recording {
+    /// One row per event in the `outbox` table (PostgreSQL and SQLite). Any relay source reads it.
+    #[default]
+    Table,
+    /// No row at all: each call writes one transactional logical message into PostgreSQL's WAL
+    /// (`pg_logical_emit_message(true, 'outbox', …)`) carrying everything the rows would. It is
+    /// decoded at commit, in commit order, and never if the transaction rolls back. Only the WAL
+    /// relay (`outbox-relay run --source wal`) sees these events, and only if its replication
+    /// slot exists before they are recorded: create it first (start the relay once). PostgreSQL
+    /// with `wal_level = logical` only.
+    LogicalMessage,
+}
+
+/// The logical-message prefix of events recorded with [`Recording::LogicalMessage`].
+pub const LOGICAL_MESSAGE_PREFIX: &str = "outbox";
+
+static RECORDING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Where `record` writes events in this process; default [`Recording::Table`].
+pub fn recording() -> Recording {
+    match RECORDING.load(std::sync::atomic::Ordering::Relaxed) {
+        1 => Recording::LogicalMessage,
+        _ => Recording::Table,
+    }
+}
+
+/// Sets [`recording`] for this process. Call it at start, before the first event is recorded.
+///
+/// ```
+/// use outbox_core::Recording;
+///
+/// outbox_core::set_recording(Recording::LogicalMessage);
+/// assert_eq!(outbox_core::recording(), Recording::LogicalMessage);
+/// # outbox_core::set_recording(Recording::Table);
+/// ```
+pub fn set_recording(recording: Recording) {
+    let value = match recording {
+        Recording::Table => 0,
+        Recording::LogicalMessage => 1,
+    };
+    RECORDING.store(value, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The derive macro; see [`OutboxEvent`](trait@OutboxEvent).
 #[cfg(feature = "derive")]
 pub use outbox_derive::OutboxEvent;

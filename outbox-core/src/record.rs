@@ -1,4 +1,5 @@
-//! Writing events into the outbox table: one INSERT per call, whatever the number of events.
+//! Writing events into the outbox table: one INSERT per call, whatever the number of events; or,
+//! with [`Recording::LogicalMessage`](crate::Recording), one logical message into the WAL.
 //!
 //! All events travel as one JSON array parameter, so every call uses the same prepared statement
 //! and no call runs into a bind-parameter limit.
@@ -64,10 +65,12 @@ pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> 
         return Ok(Vec::new());
     }
     let backend = txn.get_database_backend();
-    let sql = match backend {
-        DbBackend::Postgres => POSTGRES_INSERT,
-        DbBackend::Sqlite => SQLITE_INSERT,
-        other => return Err(Error::UnsupportedBackend(other)),
+    let sql = match (backend, crate::recording()) {
+        (DbBackend::Postgres, crate::Recording::Table) => POSTGRES_INSERT,
+        (DbBackend::Postgres, crate::Recording::LogicalMessage) => POSTGRES_EMIT,
+        (DbBackend::Sqlite, crate::Recording::Table) => SQLITE_INSERT,
+        (DbBackend::Sqlite, _) => return Err(Error::LogicalMessageUnsupported(backend)),
+        (other, _) => return Err(Error::UnsupportedBackend(other)),
     };
     let limit = crate::max_payload_bytes();
     let mut param = Vec::with_capacity(256 * events.len());
@@ -166,6 +169,10 @@ FROM input
 WHERE (SELECT count(*) FROM locks) >= 0
 ORDER BY n
 "#;
+
+/// Table-less recording: the same JSON array, as one transactional logical message that the WAL
+/// relay decodes at commit. No row, no index entry, no lock: the WAL's commit order is the order.
+const POSTGRES_EMIT: &str = "SELECT pg_logical_emit_message(true, 'outbox', $1::text)";
 
 /// SQLite has one writer at a time, so commit order is `seq` order without any lock.
 const SQLITE_INSERT: &str = r#"

@@ -3,6 +3,7 @@
 use crate::outbox_table::Mode;
 use crate::routing::DEFAULT_TOPIC_TEMPLATE;
 use crate::wakeup::Wakeup;
+use crate::wal::WalSource;
 use std::time::Duration;
 
 /// How a [`Relay`](crate::Relay) runs. Start from [`RelayConfig::new`] and change what you need.
@@ -69,6 +70,30 @@ pub struct RelayConfig {
     /// keeps a sink whose acknowledgement never comes from stopping the relay. Keep it above the
     /// client's own timeout (Kafka's `message.timeout.ms`, 30 s by default). Default 2 minutes.
     pub ack_timeout: Duration,
+    /// Where events come from: the outbox table, polled (the default), or PostgreSQL's
+    /// write-ahead log through logical replication. Default [`Source::Table`].
+    pub source: Source,
+}
+
+/// Where the relay reads events.
+///
+/// ```
+/// use outbox_relay::{RelayConfig, Source, wal::WalSource};
+///
+/// let mut config = RelayConfig::new("postgres://localhost/shop");
+/// config.source = Source::Wal(WalSource::default());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Source {
+    /// Poll the outbox table, claim batches, mark or delete what was published. PostgreSQL and
+    /// SQLite; any number of replicas share the work.
+    #[default]
+    Table,
+    /// Read committed events from the WAL (PostgreSQL with `wal_level = logical`): rows inserted
+    /// into the outbox table and table-less events, in commit order. One relay reads the slot;
+    /// others wait as standbys. See [`crate::wal`].
+    Wal(WalSource),
 }
 
 impl RelayConfig {
@@ -91,6 +116,7 @@ impl RelayConfig {
             prune_interval: Duration::from_secs(60),
             metrics_interval: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(120),
+            source: Source::Table,
         }
     }
 }
@@ -115,6 +141,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("prune_interval", &self.prune_interval)
             .field("metrics_interval", &self.metrics_interval)
             .field("ack_timeout", &self.ack_timeout)
+            .field("source", &self.source)
             .finish()
     }
 }

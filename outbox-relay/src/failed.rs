@@ -98,8 +98,35 @@ pub async fn list(database_url: &str) -> Result<Vec<ParkedEvent>, sqlx::Error> {
 }
 
 /// Makes the selected parked (or backing-off) events due again; returns how many.
+///
+/// When a WAL relay reads the table (it is in a publication), a parked event is written again:
+/// deleted and inserted anew, in `seq` order, so the insert reaches the WAL relay. It takes the
+/// parked events of every selected aggregate with it, so they leave in their order.
 pub async fn retry(database_url: &str, selection: &Selection) -> Result<u64, sqlx::Error> {
     let (condition, params) = selection.condition();
+    let mut table = OutboxTable::connect(database_url).await?;
+    if let Some(conn) = table.postgres()
+        && !crate::wal::slot::publications(conn).await?.is_empty()
+    {
+        let sql = format!(
+            "WITH selected AS (
+                 SELECT DISTINCT aggregate_type, aggregate_id FROM outbox
+                 WHERE published_at IS NULL AND parked_at IS NOT NULL AND {condition}
+             ), moved AS (
+                 DELETE FROM outbox o USING selected s
+                 WHERE o.aggregate_type = s.aggregate_type AND o.aggregate_id = s.aggregate_id
+                   AND o.published_at IS NULL AND o.parked_at IS NOT NULL
+                 RETURNING o.*
+             )
+             INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic,
+                                 payload, headers, attempts, last_error, created_at)
+             SELECT id, aggregate_type, aggregate_id, event_type, event_version, topic, payload,
+                    headers, attempts, last_error, created_at
+             FROM moved ORDER BY seq"
+        );
+        return execute(database_url, &sql, params).await;
+    }
+    drop(table);
     let sql = format!(
         "UPDATE outbox SET parked_at = NULL, retry_at = NULL
          WHERE published_at IS NULL AND (parked_at IS NOT NULL OR retry_at IS NOT NULL) AND {condition}"

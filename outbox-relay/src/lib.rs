@@ -49,8 +49,9 @@ pub mod sink;
 mod status;
 pub mod tasks;
 pub mod wakeup;
+pub mod wal;
 
-pub use config::RelayConfig;
+pub use config::{RelayConfig, Source};
 pub use outbox_table::{Mode, PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
 pub use prune::{PRUNE_BATCH, prune};
 pub use redact::{is_secret_key, redact_url};

@@ -26,6 +26,9 @@ pub(crate) const BATCH_SIZE: &str = "outbox_batch_size";
 pub(crate) const BATCH_DURATION: &str = "outbox_batch_duration_seconds";
 pub(crate) const COMMIT_TO_ACK: &str = "outbox_commit_to_ack_seconds";
 pub(crate) const SHARDS: &str = "outbox_shards_leased";
+pub(crate) const SLOT_LAG_BYTES: &str = "outbox_wal_slot_lag_bytes";
+pub(crate) const SLOT_LAG_SECONDS: &str = "outbox_wal_slot_lag_seconds";
+pub(crate) const SLOT_ACTIVE: &str = "outbox_wal_slot_active";
 
 /// Installs a Prometheus recorder with the relay's histogram buckets and returns its handle
 /// (`handle.render()` is the `/metrics` text). Fails if a recorder is already installed.
@@ -75,6 +78,17 @@ fn describe() {
         "From recording an event to the broker's ack."
     );
     describe_gauge!(SHARDS, "Shards this replica publishes.");
+    describe_gauge!(
+        SLOT_LAG_BYTES,
+        Unit::Bytes,
+        "WAL source: WAL written since the slot's confirmed position (what the slot retains)."
+    );
+    describe_gauge!(
+        SLOT_LAG_SECONDS,
+        Unit::Seconds,
+        "WAL source: age of the newest transaction this relay confirmed when it confirmed it; 0 when idle."
+    );
+    describe_gauge!(SLOT_ACTIVE, "WAL source: 1 while a relay reads the slot.");
 }
 
 /// Records one settled batch.
@@ -128,6 +142,56 @@ pub(crate) async fn sample_backlog(
                 metrics::gauge!(PARKED).set(status.parked as f64);
                 metrics::gauge!(OLDEST_AGE)
                     .set(status.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+                Ok(())
+            })
+        },
+    )
+    .await;
+}
+
+/// Records a confirmed position of the WAL source: how old its transaction was (`None`: idle).
+pub(crate) fn wal_confirmed(commit_ms: Option<i64>) {
+    let lag = commit_ms.map_or(0.0, |ms| {
+        chrono::Utc::now()
+            .timestamp_millis()
+            .saturating_sub(ms)
+            .max(0) as f64
+            / 1000.0
+    });
+    metrics::gauge!(SLOT_LAG_SECONDS).set(lag);
+}
+
+/// Records a failed event of the WAL source.
+pub(crate) fn wal_failure(kind: &'static str) {
+    metrics::counter!(FAILURES, "kind" => kind).increment(1);
+}
+
+/// Samples the WAL source's slot every `every` until `shutdown`.
+pub(crate) async fn sample_slot(
+    database_url: String,
+    slot: String,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    every_tick(
+        &database_url,
+        every,
+        shutdown,
+        "sampling the slot",
+        |table| {
+            let slot = slot.clone();
+            Box::pin(async move {
+                let Some(conn) = table.postgres() else {
+                    return Ok(());
+                };
+                let status = crate::wal::slot::status(conn, &slot).await?;
+                metrics::gauge!(SLOT_LAG_BYTES)
+                    .set(status.as_ref().map_or(0.0, |s| s.lag_bytes as f64));
+                metrics::gauge!(SLOT_ACTIVE).set(if status.is_some_and(|s| s.active) {
+                    1.0
+                } else {
+                    0.0
+                });
                 Ok(())
             })
         },

@@ -78,3 +78,78 @@ pub(crate) async fn prune_periodically(
     })
     .await;
 }
+
+/// Deletes the rows the WAL source has read once their UUIDv7 ids are older than `retention`,
+/// batch after batch, through the primary key. The WAL source never marks rows, and its events
+/// live in the WAL whatever becomes of the row, so pruning goes by age alone; parked rows stay.
+async fn prune_read_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, sqlx::Error> {
+    let Some(conn) = table.postgres() else {
+        return Ok(0);
+    };
+    let cutoff_ms = chrono::Utc::now().timestamp_millis()
+        - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    let cutoff = uuid_v7_floor(cutoff_ms.max(0));
+    let mut total = 0;
+    loop {
+        let deleted = sqlx::query(
+            "DELETE FROM outbox WHERE id IN (
+                 SELECT id FROM outbox WHERE id < $1 AND parked_at IS NULL ORDER BY id LIMIT $2)",
+        )
+        .bind(cutoff)
+        .bind(PRUNE_BATCH)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        total += deleted;
+        if deleted < PRUNE_BATCH as u64 {
+            return Ok(total);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The smallest UUIDv7 of millisecond `ms`: every v7 id made before it sorts below it.
+fn uuid_v7_floor(ms: i64) -> uuid::Uuid {
+    let ms = u128::from(u64::try_from(ms).unwrap_or(0) & 0xFFFF_FFFF_FFFF);
+    uuid::Uuid::from_u128((ms << 80) | (0x7 << 76) | (0x2 << 62))
+}
+
+/// Prunes the WAL source's table every `every` until `shutdown`.
+pub(crate) async fn prune_read_periodically(
+    database_url: String,
+    retention: Duration,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    every_tick(&database_url, every, shutdown, "pruning", |table| {
+        Box::pin(async move {
+            let deleted = prune_read_on(table, retention).await?;
+            if deleted > 0 {
+                tracing::info!(deleted, "pruned events the WAL source read, past retention");
+            }
+            Ok(())
+        })
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_v7_floor_sorts_between_the_ids_of_two_milliseconds() {
+        let ms = 1_796_123_543_500_i64;
+        let floor = super::uuid_v7_floor(ms);
+        let ts = |ms: i64| {
+            uuid::Timestamp::from_unix(
+                uuid::NoContext,
+                (ms / 1000) as u64,
+                ((ms % 1000) * 1_000_000) as u32,
+            )
+        };
+        for _ in 0..100 {
+            assert!(uuid::Uuid::new_v7(ts(ms - 1)) < floor);
+            assert!(uuid::Uuid::new_v7(ts(ms)) >= floor);
+        }
+        assert_eq!(floor.get_version_num(), 7);
+    }
+}

@@ -1,7 +1,7 @@
 //! The relay's loop: claim a batch, send it, settle what the broker answered, with the next claim
 //! overlapping the broker's answers. Read top to bottom.
 
-use crate::config::RelayConfig;
+use crate::config::{RelayConfig, Source};
 use crate::leases::Leases;
 use crate::ordering::{Admission, Verdict, Waiting};
 use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
@@ -10,7 +10,7 @@ use crate::routing::Router;
 use crate::sink::{Ack, Sink, SinkError};
 use crate::tasks::BackgroundTasks;
 use crate::wakeup::{self, Wakeup};
-use crate::{metrics, prune};
+use crate::{metrics, prune, wal};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,9 +36,9 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// # }
 /// ```
 pub struct Relay {
-    config: RelayConfig,
-    sink: Box<dyn Sink>,
-    router: Router,
+    pub(crate) config: RelayConfig,
+    pub(crate) sink: Box<dyn Sink>,
+    pub(crate) router: Router,
     /// On SQLite, the lock file that makes this the database's only relay.
     sqlite_lock: std::sync::Mutex<Option<std::fs::File>>,
     /// The connection readiness probes ping, kept between probes.
@@ -98,6 +98,37 @@ impl Relay {
         }
     }
 
+    /// Checks that this relay may publish the database's outbox from its [`Source`]: a polling
+    /// relay refuses a table that a WAL relay reads (it would publish every event again), and a
+    /// WAL relay refuses a database without logical replication or with polling relays running.
+    /// The WAL source also creates its publication and slot here, so table-less events recorded
+    /// from now on are kept for it. [`run`](Self::run) checks too; call this first to refuse to
+    /// start with a clear error.
+    pub async fn check_source(&self) -> Result<(), String> {
+        let url = &self.config.database_url;
+        match &self.config.source {
+            Source::Table if url.starts_with("sqlite:") => Ok(()),
+            Source::Table => {
+                let mut table = OutboxTable::connect(url)
+                    .await
+                    .map_err(|e| format!("database: {e}"))?;
+                let conn = table.postgres().expect("a PostgreSQL URL");
+                let publications = wal::slot::publications(conn)
+                    .await
+                    .map_err(|e| format!("database: {e}"))?;
+                if publications.is_empty() {
+                    Ok(())
+                } else {
+                    Err(wal::slot::polling_refused(&publications))
+                }
+            }
+            Source::Wal(_) if url.starts_with("sqlite:") => {
+                Err("the WAL source needs PostgreSQL; SQLite has no logical replication".into())
+            }
+            Source::Wal(source) => wal::check(url, source).await,
+        }
+    }
+
     /// Whether the relay can work now: its database answers and its sink reaches the broker, each
     /// within [`READY_TIMEOUT`]. `/readyz` answers with this. The database is pinged on one
     /// connection kept from probe to probe (opened again after a failure), so probes add no
@@ -139,12 +170,34 @@ impl Relay {
             tracing::error!(error = %e, "the relay does not start");
             return;
         }
+        // A database that cannot be reached now is retried below; a refusal is final.
+        if let Err(e) = self.check_source().await
+            && !e.starts_with("database: ")
+        {
+            tracing::error!(error = %e, "the relay does not start");
+            return;
+        }
         // Background work, each on a connection of its own, stopped and awaited before returning.
         let tasks = BackgroundTasks::new(&shutdown);
         let (url, every) = (
             self.config.database_url.clone(),
             self.config.metrics_interval,
         );
+        if let Source::Wal(source) = &self.config.source {
+            let slot = source.slot.clone();
+            tasks.spawn("slot sampler", move |stop| {
+                metrics::sample_slot(url, slot, every, stop)
+            });
+            if let Some(retention) = self.config.retention {
+                let (url, every) = (self.config.database_url.clone(), self.config.prune_interval);
+                tasks.spawn("pruner", move |stop| {
+                    prune::prune_read_periodically(url, retention, every, stop)
+                });
+            }
+            wal::run(self, source, &shutdown).await;
+            tasks.stop().await;
+            return;
+        }
         tasks.spawn("backlog sampler", move |stop| {
             metrics::sample_backlog(url, every, stop)
         });
@@ -461,7 +514,7 @@ impl Relay {
         }
     }
 
-    fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
+    pub(crate) fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
         backoff(self.config.max_backoff)
     }
 }

@@ -13,10 +13,40 @@ pub struct Status {
     pub parked: i64,
     /// Age of the oldest event waiting to be published.
     pub oldest_unpublished: Option<Duration>,
+    /// The WAL source's replication slots (PostgreSQL, when the outbox table is published for
+    /// logical replication); empty for the polling source. With them, `backlog` and
+    /// `oldest_unpublished` do not apply: the WAL source never marks rows.
+    pub wal_slots: Vec<crate::wal::SlotStatus>,
 }
 
 impl std::fmt::Display for Status {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.wal_slots.is_empty() {
+            writeln!(
+                f,
+                "source:             wal (the table's rows are never marked)"
+            )?;
+            for slot in &self.wal_slots {
+                writeln!(
+                    f,
+                    "slot {}:{}{}, {} bytes behind{}",
+                    slot.slot,
+                    " ".repeat(13usize.saturating_sub(slot.slot.len())),
+                    if slot.active {
+                        "read by a relay"
+                    } else {
+                        "NOT READ (no relay running)"
+                    },
+                    slot.lag_bytes,
+                    if slot.lost {
+                        ", LOST: its WAL was removed (max_slot_wal_keep_size)"
+                    } else {
+                        ""
+                    }
+                )?;
+            }
+            return write!(f, "parked:             {} events", self.parked);
+        }
         writeln!(f, "backlog:            {} events", self.backlog)?;
         match self.oldest_unpublished {
             // A date far off (`-infinity`, a clock gone wrong) is said, not formatted.
@@ -68,7 +98,12 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
                 .await?
             }
         };
+    let wal_slots = match table {
+        OutboxTable::Postgres(conn) => crate::wal::slot::all_status(conn).await?,
+        OutboxTable::Sqlite(_) => Vec::new(),
+    };
     Ok(Status {
+        wal_slots,
         backlog,
         parked,
         // Infinite timestamps give infinite ages: the longest duration, not a panic.

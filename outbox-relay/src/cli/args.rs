@@ -51,6 +51,28 @@ pub(super) enum Command {
         #[command(subcommand)]
         command: FailedCommand,
     },
+    /// The WAL source's replication slot and publication.
+    Wal {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(subcommand)]
+        command: WalCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(super) enum WalCommand {
+    /// Drop the replication slot and the publication: PostgreSQL stops keeping WAL for them.
+    /// Events not yet read are not published by the WAL source any more. Refused while a relay
+    /// reads the slot.
+    Drop {
+        /// The replication slot.
+        #[arg(long, default_value = "outbox_relay")]
+        slot: String,
+        /// The publication.
+        #[arg(long, default_value = "outbox_relay")]
+        publication: String,
+    },
 }
 
 #[derive(Debug, Args, Serialize)]

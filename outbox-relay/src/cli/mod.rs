@@ -18,6 +18,7 @@ mod routes;
 mod run;
 mod settings;
 mod status;
+mod wal;
 
 use args::{Cli, Command};
 use clap::Parser;
@@ -82,6 +83,7 @@ pub fn main() -> ExitCode {
             Command::Routes(_) => Ok(routes::routes(&settings)),
             Command::Status(_) => status::status(&settings).await,
             Command::Failed { command, .. } => failed::failed(&settings, command).await,
+            Command::Wal { command, .. } => wal::wal(&settings, command).await,
         };
         result.unwrap_or_else(|UsageError(message)| output::usage_error(&message))
     })
@@ -94,7 +96,8 @@ fn load(cli: Cli) -> Result<(settings::Settings, Command), UsageError> {
         Command::Run(flags) => layers::load(config, flags.as_ref())?,
         Command::Migrate { database, .. }
         | Command::Status(database)
-        | Command::Failed { database, .. } => layers::load(config, database)?,
+        | Command::Failed { database, .. }
+        | Command::Wal { database, .. } => layers::load(config, database)?,
         Command::Routes(flags) => layers::load(config, flags)?,
     };
     if cli.log_format.is_some() {

@@ -22,6 +22,12 @@ pub(super) async fn run(
     if let Err(e) = relay.lock_sqlite() {
         return Ok(super::output::failure(&e));
     }
+    // A database that is down now is waited for by `run`; a refusal stops here.
+    if let Err(e) = relay.check_source().await
+        && !e.starts_with("database: ")
+    {
+        return Ok(super::output::failure(&e));
+    }
     let tasks = BackgroundTasks::new(&shutdown);
     if let Some(addr) = settings.http_addr() {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -39,6 +39,9 @@ pub(super) struct DatabaseArgs {
 /// poll_interval = "100ms"
 /// mode = "mark"              # or "delete"
 /// wakeup = "poll"            # or "notify"
+/// source = "table"           # or "wal": read the WAL (logical replication) instead of polling
+/// wal_slot = "outbox_relay"
+/// wal_publication = "outbox_relay"
 /// strict = false
 /// skip_parked = false
 /// topic_template = "outbox.event.{aggregate_type}"
@@ -97,6 +100,16 @@ pub(super) struct Settings {
     /// Poll, or LISTEN/NOTIFY on PostgreSQL [default: poll].
     #[arg(long, value_enum)]
     pub wakeup: Option<Wakeup>,
+    /// Poll the outbox table, or read committed events from PostgreSQL's WAL (logical
+    /// replication, one reader per slot, others wait as standbys) [default: table].
+    #[arg(long, value_enum, env = "OUTBOX_SOURCE")]
+    pub source: Option<SourceKind>,
+    /// The WAL source's replication slot, created if missing [default: outbox_relay].
+    #[arg(long, env = "OUTBOX_WAL_SLOT")]
+    pub wal_slot: Option<String>,
+    /// The WAL source's publication of the outbox table, created if missing [default: outbox_relay].
+    #[arg(long, env = "OUTBOX_WAL_PUBLICATION")]
+    pub wal_publication: Option<String>,
     /// How often replicas rebalance their shards [default: 1s].
     #[arg(long)]
     pub lease_refresh: Option<Wait>,
@@ -117,6 +130,17 @@ pub(super) struct Settings {
     #[command(flatten)]
     #[serde(default, skip_serializing_if = "SinkSettings::is_empty")]
     pub sink: SinkSettings,
+}
+
+/// Where `run` reads events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum SourceKind {
+    /// Poll the outbox table.
+    #[default]
+    Table,
+    /// Read the WAL through logical replication (PostgreSQL, wal_level = logical).
+    Wal,
 }
 
 /// The `[sink]` table, and the sink flags.
@@ -344,6 +368,28 @@ impl Settings {
         config.wakeup = self.wakeup.unwrap_or_default();
         config.strict = self.strict;
         config.topic_template = self.topic_template();
+        config.source = match self.source.unwrap_or_default() {
+            SourceKind::Table => {
+                if self.wal_slot.is_some() || self.wal_publication.is_some() {
+                    return Err(UsageError(
+                        "--wal-slot and --wal-publication need --source wal".into(),
+                    ));
+                }
+                crate::Source::Table
+            }
+            SourceKind::Wal => {
+                let default = crate::wal::WalSource::default();
+                let source = crate::wal::WalSource::new(
+                    self.wal_slot.clone().unwrap_or(default.slot),
+                    self.wal_publication.clone().unwrap_or(default.publication),
+                )
+                .map_err(UsageError)?;
+                if config.database_url.starts_with("sqlite:") {
+                    return Err(UsageError("--source wal needs PostgreSQL".into()));
+                }
+                crate::Source::Wal(source)
+            }
+        };
         if config.wakeup == Wakeup::Notify && config.database_url.starts_with("sqlite:") {
             return Err(UsageError("--wakeup notify needs PostgreSQL".into()));
         }

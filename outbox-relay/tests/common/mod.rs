@@ -4,6 +4,7 @@
 pub mod kafka;
 pub mod pulsar;
 pub mod secure;
+pub mod wal;
 
 use outbox_core::Uuid;
 use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};

@@ -1,0 +1,260 @@
+//! From the WAL to [`OutboxRow`]s: a row inserted into the outbox table, or the events of one
+//! `record` call emitted as a logical message (table-less recording, see
+//! [`outbox_core::Recording`]). Both become the same rows the polling relay reads, so routing, the
+//! message contract and parking are the polling relay's own.
+
+use super::pgoutput::{Relation, Value};
+use crate::outbox_table::OutboxRow;
+use bytes::Bytes;
+
+/// A row read from the WAL, and whether the relay itself wrote it as parked (the WAL source parks
+/// an event by writing it to the table with `parked_at` set; that insert comes back through the
+/// stream and is not published).
+pub(crate) struct Decoded {
+    pub row: OutboxRow,
+    pub parked: bool,
+}
+
+/// The outbox row an `Insert` carries. The table's columns are found by name, so column order and
+/// added columns do not matter.
+pub(crate) fn from_insert(
+    relation: &Relation,
+    values: &[Value],
+    max_payload_bytes: usize,
+) -> Decoded {
+    let column = |name: &str| -> Option<&Bytes> {
+        let index = relation.columns.iter().position(|c| c == name)?;
+        match values.get(index)? {
+            Value::Text(text) => Some(text),
+            Value::Null | Value::Unchanged => None,
+        }
+    };
+    let text = |name: &str| column(name).map(|b| String::from_utf8_lossy(b).into_owned());
+    let number = |name: &str| text(name).and_then(|t| t.parse::<i64>().ok());
+    let mut defect = None;
+    let mut required = |name: &str| {
+        text(name).unwrap_or_else(|| {
+            defect.get_or_insert_with(|| format!("column `{name}` is missing or NULL"));
+            String::new()
+        })
+    };
+    let id = required("id");
+    let aggregate_type = required("aggregate_type");
+    let aggregate_id = required("aggregate_id");
+    let event_type = required("event_type");
+    let payload = column("payload").cloned().unwrap_or_default();
+    if defect.is_none() && payload.len() > max_payload_bytes {
+        defect = Some(format!(
+            "payload too large: {} bytes, over the relay's limit of {max_payload_bytes} (max_payload_bytes)",
+            payload.len()
+        ));
+    }
+    let row = OutboxRow {
+        id,
+        seq: number("seq").unwrap_or(-1),
+        aggregate_type,
+        aggregate_id,
+        event_type,
+        event_version: number("event_version")
+            .and_then(|v| i32::try_from(v).ok())
+            .unwrap_or(1),
+        topic: text("topic"),
+        payload: if defect.is_some() {
+            Bytes::new()
+        } else {
+            payload
+        },
+        headers: text("headers"),
+        attempts: number("attempts")
+            .and_then(|v| i32::try_from(v).ok())
+            .unwrap_or(0),
+        created_ms: text("created_at").and_then(|t| timestamp_ms(&t)),
+        defect,
+    };
+    Decoded {
+        row,
+        parked: column("parked_at").is_some(),
+    }
+}
+
+/// PostgreSQL's text form of a `timestamptz` in the replication session (ISO dates, UTC).
+fn timestamp_ms(text: &str) -> Option<i64> {
+    chrono::DateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f%#z")
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
+/// The rows of a logical message from `record` in table-less mode: the JSON array of events the
+/// table insert would have unpacked, each with its own id, aggregate, type, version, topic,
+/// headers and payload. `commit_ms` stands in for `created_at`. A message that is not such an
+/// array yields one defective row, parked with the reason.
+pub(crate) fn from_message(
+    content: &Bytes,
+    commit_ms: Option<i64>,
+    max_payload_bytes: usize,
+) -> Vec<OutboxRow> {
+    #[derive(serde::Deserialize)]
+    struct Event<'a> {
+        id: String,
+        aggregate_type: String,
+        aggregate_id: String,
+        event_type: String,
+        #[serde(default = "first_version")]
+        event_version: i32,
+        #[serde(default)]
+        topic: Option<String>,
+        #[serde(borrow)]
+        payload: &'a serde_json::value::RawValue,
+        #[serde(default, borrow)]
+        headers: Option<&'a serde_json::value::RawValue>,
+    }
+    fn first_version() -> i32 {
+        1
+    }
+    let events: Vec<Event<'_>> = match serde_json::from_slice(content) {
+        Ok(events) => events,
+        Err(e) => {
+            return vec![OutboxRow {
+                id: uuid::Uuid::now_v7().to_string(),
+                seq: -1,
+                aggregate_type: "unknown".into(),
+                aggregate_id: "unknown".into(),
+                event_type: "unknown".into(),
+                event_version: 1,
+                topic: None,
+                payload: Bytes::new(),
+                headers: None,
+                attempts: 0,
+                created_ms: commit_ms,
+                defect: Some(format!(
+                    "an outbox logical message is not an array of events: {e}"
+                )),
+            }];
+        }
+    };
+    events
+        .into_iter()
+        .map(|e| {
+            let raw = e.payload.get();
+            let too_large = raw.len() > max_payload_bytes;
+            OutboxRow {
+                id: e.id,
+                seq: -1,
+                aggregate_type: e.aggregate_type,
+                aggregate_id: e.aggregate_id,
+                event_type: e.event_type,
+                event_version: e.event_version,
+                topic: e.topic,
+                payload: if too_large { Bytes::new() } else { content.slice_ref(raw.as_bytes()) },
+                headers: e.headers.map(|h| h.get().to_owned()),
+                attempts: 0,
+                created_ms: commit_ms,
+                defect: too_large.then(|| {
+                    format!(
+                        "payload too large: {} bytes, over the relay's limit of {max_payload_bytes} (max_payload_bytes)",
+                        raw.len()
+                    )
+                }),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relation() -> Relation {
+        Relation {
+            namespace: "public".into(),
+            name: "outbox".into(),
+            columns: [
+                "id",
+                "seq",
+                "aggregate_type",
+                "aggregate_id",
+                "event_type",
+                "event_version",
+                "topic",
+                "payload",
+                "headers",
+                "created_at",
+                "parked_at",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        }
+    }
+
+    fn text(s: &str) -> Value {
+        Value::Text(Bytes::copy_from_slice(s.as_bytes()))
+    }
+
+    #[test]
+    fn an_insert_becomes_the_row_the_polling_relay_reads() {
+        let values = [
+            text("01939f1c-7b6a-7cc0-8f3e-1a2b3c4d5e6f"),
+            text("42"),
+            text("order"),
+            text("o-1"),
+            text("OrderPlaced"),
+            text("2"),
+            Value::Null,
+            text(r#"{"a": 1}"#),
+            text(r#"{"tenant": "acme"}"#),
+            text("2026-12-01 11:12:23.5+00"),
+            Value::Null,
+        ];
+        let decoded = from_insert(&relation(), &values, 100);
+        assert!(!decoded.parked);
+        let row = decoded.row;
+        assert_eq!(row.defect, None);
+        assert_eq!((row.seq, row.event_version), (42, 2));
+        assert_eq!(row.aggregate_id, "o-1");
+        assert_eq!(row.payload, &br#"{"a": 1}"#[..]);
+        assert_eq!(row.headers.as_deref(), Some(r#"{"tenant": "acme"}"#));
+        assert_eq!(row.created_ms, Some(1_796_123_543_500));
+        let too_large = from_insert(&relation(), &values, 3).row;
+        assert!(
+            too_large
+                .defect
+                .unwrap()
+                .contains("payload too large: 8 bytes")
+        );
+        let mut parked = values.clone();
+        parked[10] = text("2026-12-01 11:12:24+00");
+        assert!(from_insert(&relation(), &parked, 100).parked);
+        let mut no_id = values;
+        no_id[0] = Value::Null;
+        assert!(
+            from_insert(&relation(), &no_id, 100)
+                .row
+                .defect
+                .unwrap()
+                .contains("`id`")
+        );
+    }
+
+    #[test]
+    fn a_message_becomes_one_row_per_event_with_its_payload_bytes_kept() {
+        let content = Bytes::from_static(
+            br#"[{"payload":{"b":[1, 2]},"id":"e1","aggregate_type":"order","aggregate_id":"o-1","event_type":"A","event_version":3,"topic":null},
+                {"payload":"x","id":"e2","aggregate_type":"order","aggregate_id":"o-2","event_type":"B","event_version":1,"topic":"t","headers":{"h":"v"}}]"#,
+        );
+        let rows = from_message(&content, Some(7), 100);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].payload, &br#"{"b":[1, 2]}"#[..]);
+        assert_eq!((rows[0].event_version, rows[0].created_ms), (3, Some(7)));
+        assert_eq!(rows[1].topic.as_deref(), Some("t"));
+        assert_eq!(rows[1].headers.as_deref(), Some(r#"{"h":"v"}"#));
+        assert!(
+            from_message(&content, None, 5)[0]
+                .defect
+                .as_ref()
+                .unwrap()
+                .contains("too large")
+        );
+        let broken = from_message(&Bytes::from_static(b"{}"), None, 100);
+        assert!(broken[0].defect.as_ref().unwrap().contains("not an array"));
+    }
+}

@@ -1,0 +1,618 @@
+//! The WAL source (`outbox-relay run --source wal`) on a real PostgreSQL (`wal_level=logical`) and
+//! Kafka: the contract, commit order, poison events, the guard against a second source, and
+//! faults (kill -9, the broker away for 30 s, PostgreSQL restarting, a standby taking over).
+//! Every test checks what a consumer received: nothing lost, each aggregate's first deliveries in
+//! order.
+//!
+//! The faults hit the shared services, so the tests of this file run one at a time.
+
+mod common;
+
+use common::kafka::{Received, consume};
+use common::wal::WalFixture;
+use common::{Fixture, relay_command};
+use outbox_core::OutboxEvent;
+use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use outbox_relay::sink::memory::MemorySink;
+use outbox_relay::{Relay, Source};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "meter", key = "meter")]
+struct Reading {
+    meter: String,
+    n: u64,
+}
+
+fn services(command: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services");
+    let status = std::process::Command::new(script)
+        .arg(command)
+        .status()
+        .expect("run scripts/services");
+    assert!(status.success(), "scripts/services {command} failed");
+}
+
+/// Records readings of `meters` meters until stopped, one transaction per reading; only committed
+/// readings count (a transaction that fails is tried again).
+struct Writer {
+    stop: Arc<AtomicBool>,
+    committed: Arc<Mutex<u64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(f: &Fixture, meters: u64, pause: Duration) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(Mutex::new(0));
+        let task = tokio::spawn({
+            let (db, stop, committed) = (f.db.clone(), stop.clone(), committed.clone());
+            async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let reading = Reading {
+                        meter: format!("m-{}", n % meters),
+                        n,
+                    };
+                    let attempt = async {
+                        let txn = db.begin().await?;
+                        reading
+                            .record(&txn)
+                            .await
+                            .map_err(|e| outbox_core::sea_orm::DbErr::Custom(e.to_string()))?;
+                        txn.commit().await
+                    };
+                    if attempt.await.is_ok() {
+                        n += 1;
+                        *committed.lock().unwrap() = n;
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        });
+        Writer {
+            stop,
+            committed,
+            task,
+        }
+    }
+
+    async fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap();
+        *self.committed.lock().unwrap()
+    }
+}
+
+/// Waits until a relay reads the slot (its signal handlers are installed by then).
+async fn wait_until_reading(w: &WalFixture) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.slot_active().await {
+        assert!(Instant::now() < deadline, "nobody reads the slot");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn readings(total: u64, meters: u64) -> BTreeMap<String, Vec<u64>> {
+    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for n in 0..total {
+        expected
+            .entry(format!("m-{}", n % meters))
+            .or_default()
+            .push(n);
+    }
+    expected
+}
+
+fn assert_complete_and_ordered(received: &[Received], total: u64, meters: u64) -> usize {
+    let arrived = received
+        .iter()
+        .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap()));
+    common::assert_complete_and_ordered(arrived, &readings(total, meters))
+}
+
+#[tokio::test]
+async fn rows_are_published_under_the_contract_and_the_table_left_unmarked() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    for n in 0..30 {
+        let txn = w.f.db.begin().await.unwrap();
+        Reading {
+            meter: format!("m-{}", n % 3),
+            n,
+        }
+        .record(&txn)
+        .await
+        .unwrap();
+        txn.commit().await.unwrap();
+    }
+    // A rolled-back transaction is never seen.
+    let txn = w.f.db.begin().await.unwrap();
+    Reading {
+        meter: "m-0".into(),
+        n: 999,
+    }
+    .record(&txn)
+    .await
+    .unwrap();
+    txn.rollback().await.unwrap();
+
+    let received = consume(&[&w.f.topic("meter")], 30, Duration::from_secs(60)).await;
+    assert_eq!(
+        assert_complete_and_ordered(&received, 30, 3),
+        0,
+        "duplicates without a fault"
+    );
+    let ids: Vec<String> = {
+        let rows =
+            w.f.db
+                .query_all_raw(Statement::from_string(
+                    DbBackend::Postgres,
+                    "SELECT id::text FROM outbox ORDER BY seq",
+                ))
+                .await
+                .unwrap();
+        rows.iter()
+            .map(|r| r.try_get_by_index::<String>(0).unwrap())
+            .collect()
+    };
+    for (m, id) in received.iter().zip(&ids) {
+        assert_eq!(m.key, m.json()["meter"].as_str().unwrap());
+        assert_eq!(m.header("event_type"), Some("Reading"));
+        assert_eq!(m.header("aggregate_type"), Some("meter"));
+        assert_eq!(m.header("event_version"), Some("1"));
+        assert!(
+            ids.iter().any(|i| Some(i.as_str()) == m.header("id")),
+            "unknown id {:?}",
+            m.header("id")
+        );
+        let _ = id;
+    }
+    assert_eq!(
+        w.f.scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+            .await,
+        0
+    );
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+
+    // `status` shows the slot being read.
+    let status = relay_command()
+        .args(["status", "--database-url", &w.f.url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{text}");
+    assert!(
+        text.contains(&format!("slot {}:", w.source.slot)) && text.contains("read by a relay"),
+        "{text}"
+    );
+
+    // A polling relay refuses this table: it would publish every event again.
+    let polling = relay_command()
+        .args([
+            "run",
+            "--database-url",
+            &w.f.url,
+            "--kafka-brokers",
+            &common::kafka::brokers(),
+            "--http-addr",
+            "off",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&polling.stderr);
+    assert_eq!(polling.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("publication {}", w.source.publication))
+            && stderr.contains("wal drop"),
+        "{stderr}"
+    );
+
+    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    w.drop_slot().await;
+    let dropped = relay_command()
+        .args([
+            "wal",
+            "drop",
+            "--database-url",
+            &w.f.url,
+            "--slot",
+            &w.source.slot,
+            "--publication",
+            &w.source.publication,
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&dropped.stdout).contains("nothing to drop"));
+}
+
+/// The order the relay hands events to its sink is the WAL's commit order, read independently
+/// through a `test_decoding` slot created before the writers start.
+#[tokio::test]
+async fn events_go_out_in_commit_order_across_concurrent_writers() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let reference = format!("{}_ref", w.source.slot);
+    w.f.db
+        .execute_unprepared(&format!(
+            "SELECT pg_create_logical_replication_slot('{reference}', 'test_decoding')"
+        ))
+        .await
+        .unwrap();
+    let sink = MemorySink::default();
+    let mut config = w.f.relay_config();
+    config.source = Source::Wal(w.source.clone());
+    let relay = Arc::new(Relay::new(config, sink.clone()));
+    relay.check_source().await.expect("the source prepares");
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let (relay, shutdown) = (relay.clone(), shutdown.clone());
+        async move { relay.run(shutdown).await }
+    });
+
+    const WRITERS: u64 = 6;
+    const EACH: u64 = 60;
+    let mut writers = Vec::new();
+    for writer in 0..WRITERS {
+        let db = w.f.db.clone();
+        writers.push(tokio::spawn(async move {
+            for step in 0..EACH {
+                let txn = db.begin().await.unwrap();
+                // Two aggregates per transaction, shared across writers, so commits interleave.
+                let pair = [step % 4, (step + writer) % 4].map(|meter| Reading {
+                    meter: format!("m-{meter}"),
+                    n: writer * 1000 + step,
+                });
+                outbox_core::record_all(&txn, &pair).await.unwrap();
+                txn.commit().await.unwrap();
+            }
+        }));
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let total = (WRITERS * EACH * 2) as usize;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sink.messages().len() < total {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {total} events reached the sink",
+            sink.messages().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    running.await.unwrap();
+
+    let rows =
+        w.f.db
+            .query_all_raw(Statement::from_string(
+                DbBackend::Postgres,
+                format!(
+                    "SELECT data FROM pg_logical_slot_get_changes('{reference}', NULL, NULL)
+                     WHERE data LIKE 'table ' || current_schema() || '.outbox: INSERT:%'"
+                ),
+            ))
+            .await
+            .unwrap();
+    let in_wal_order: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let data = r.try_get_by_index::<String>(0).unwrap();
+            let start = data.find("id[uuid]:'").expect("an id column") + "id[uuid]:'".len();
+            data[start..start + 36].to_owned()
+        })
+        .collect();
+    w.f.db
+        .execute_unprepared(&format!("SELECT pg_drop_replication_slot('{reference}')"))
+        .await
+        .unwrap();
+    let sent: Vec<String> = sink
+        .messages()
+        .iter()
+        .map(|m| m.event_id.to_string())
+        .collect();
+    assert_eq!(in_wal_order.len(), total);
+    assert_eq!(
+        sent, in_wal_order,
+        "the relay's order is not the WAL's commit order"
+    );
+    w.drop_slot().await;
+}
+
+/// A poison event is parked with its reason, its aggregate's later events wait behind it while
+/// other aggregates flow, and `failed retry` sends them all, in order, once the cause is fixed.
+#[tokio::test]
+async fn a_poison_row_is_parked_and_retried_in_order() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    let insert = |meter: &str, n: u64, headers: &str| {
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES (gen_random_uuid(), 'meter', '{meter}', 'Reading', '{{\"meter\": \"{meter}\", \"n\": {n}}}', {headers})"
+        )
+    };
+    // m-bad's first event has headers that are not a JSON object: it can never be published.
+    w.f.db
+        .execute_unprepared(&insert("m-bad", 0, "'[1]'"))
+        .await
+        .unwrap();
+    w.f.db
+        .execute_unprepared(&insert("m-bad", 1, "NULL"))
+        .await
+        .unwrap();
+    w.f.db
+        .execute_unprepared(&insert("m-ok", 2, "NULL"))
+        .await
+        .unwrap();
+    let ok = consume(&[&w.f.topic("meter")], 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        ok.iter().map(|m| m.key.as_str()).collect::<Vec<_>>(),
+        ["m-ok"]
+    );
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+    let parked = relay_command()
+        .args(["failed", "list", "--database-url", &w.f.url])
+        .output()
+        .unwrap();
+    let list = String::from_utf8_lossy(&parked.stdout);
+    assert!(list.contains("headers must be a JSON object"), "{list}");
+    assert!(
+        list.contains("waiting behind a parked event of meter m-bad"),
+        "{list}"
+    );
+
+    // Fix the row, retry: both go out, in their order.
+    w.f.db
+        .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-bad'")
+        .await
+        .unwrap();
+    let retried = relay_command()
+        .args(["failed", "retry", "--all", "--database-url", &w.f.url])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&retried.stdout).contains("2 events will be retried"),
+        "{retried:?}"
+    );
+    let received = consume(&[&w.f.topic("meter")], 3, Duration::from_secs(60)).await;
+    let bad: Vec<u64> = received
+        .iter()
+        .filter(|m| m.key == "m-bad")
+        .map(|m| m.json()["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(bad, [0, 1]);
+    assert_eq!(
+        w.f.scalar("SELECT count(*) FROM outbox WHERE parked_at IS NOT NULL")
+            .await,
+        0
+    );
+    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    w.drop_slot().await;
+}
+
+#[tokio::test]
+async fn the_wal_source_refuses_to_start_beside_polling_relays_or_on_sqlite() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let mut polling = w.f.spawn_relay(&[]);
+    w.f.wait_until_zero(
+        "SELECT CASE WHEN count(*) > 0 THEN 0 ELSE 1 END::bigint FROM pg_locks WHERE locktype = 'advisory' AND objid >= 256",
+        Duration::from_secs(30),
+    )
+    .await;
+    let brokers = common::kafka::brokers();
+    let mut args = vec![
+        "run",
+        "--database-url",
+        &w.f.url,
+        "--kafka-brokers",
+        &brokers,
+        "--http-addr",
+        "off",
+    ];
+    let flags = w.flags();
+    args.extend(flags.iter().map(String::as_str));
+    let out = relay_command().args(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("polling relay(s) publish this outbox table"),
+        "{stderr}"
+    );
+    assert_eq!(common::terminate(&mut polling.0), Some(0));
+
+    let sqlite = relay_command()
+        .args([
+            "run",
+            "--database-url",
+            "sqlite:///tmp/none.db",
+            "--source",
+            "wal",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(sqlite.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&sqlite.stderr).contains("--source wal needs PostgreSQL"));
+}
+
+#[tokio::test]
+async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    const TOTAL: u64 = 50_000;
+    const TRANSACTIONS: u64 = 100;
+    let w = WalFixture::new().await;
+    // The slot exists before the events are written, so the WAL keeps them all.
+    let mut first = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    common::signal(&first, "KILL");
+    first.wait().unwrap();
+    let mut ends = Vec::new();
+    let per = TOTAL / TRANSACTIONS;
+    for t in 0..TRANSACTIONS {
+        w.f.db
+            .execute_unprepared(&format!(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+                 SELECT gen_random_uuid(), 'meter', 'm-' || (g % 500), 'Reading', jsonb_build_object('n', g)
+                 FROM generate_series({}, {}) g",
+                t * per,
+                (t + 1) * per - 1
+            ))
+            .await
+            .unwrap();
+        ends.push(
+            w.f.scalar("SELECT (pg_current_wal_lsn() - '0/0')::bigint")
+                .await,
+        );
+    }
+    for kill in 0..10 {
+        let mut relay = w.spawn_relay(&[]);
+        // Kill it once it confirmed a little more than before, at a moment it did not choose.
+        w.wait_until_confirmed_past(ends[kill * 9 + 5], Duration::from_secs(60))
+            .await;
+        tokio::time::sleep(Duration::from_millis(kill as u64 * 7)).await;
+        common::signal(&relay, "KILL");
+        relay.wait().unwrap();
+    }
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_until_confirmed_past(*ends.last().unwrap(), Duration::from_secs(120))
+        .await;
+    wait_until_reading(&w).await;
+    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    let received = consume(
+        &[&w.f.topic("meter")],
+        TOTAL as usize,
+        Duration::from_secs(120),
+    )
+    .await;
+    eprintln!("{} deliveries for {TOTAL} events", received.len());
+    assert_complete_and_ordered(&received, TOTAL, 500);
+    w.drop_slot().await;
+}
+
+#[tokio::test]
+async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let name = format!("relay-{}", w.f.prefix);
+    let mut args = w.flags();
+    args.extend(["--http-addr".to_owned(), "off".to_owned()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut relay = w.f.named(&name).spawn_relay(&args);
+    w.wait_for_slot().await;
+    let writer = Writer::start(&w.f, 20, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    services("pause-kafka");
+    tokio::time::sleep(Duration::from_secs(28)).await;
+    assert!(
+        relay.try_wait().unwrap().is_none(),
+        "the relay exited while the broker was away"
+    );
+    // No relay transaction stayed open: the WAL source holds none while it waits.
+    let open = w.f.scalar(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}' AND xact_start < now() - interval '2 seconds'"
+    )).await;
+    services("resume-kafka");
+    assert_eq!(
+        open, 0,
+        "a relay transaction stayed open while the broker was away"
+    );
+    let total = writer.finish().await;
+    w.wait_until_confirmed(Duration::from_secs(120)).await;
+    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    let received = consume(
+        &[&w.f.topic("meter")],
+        total as usize,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_complete_and_ordered(&received, total, 20);
+    w.drop_slot().await;
+}
+
+#[tokio::test]
+async fn postgres_restarts_and_the_stream_resumes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    let writer = Writer::start(&w.f, 20, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    services("restart-postgres");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let total = writer.finish().await;
+    w.wait_until_confirmed(Duration::from_secs(120)).await;
+    assert!(
+        relay.try_wait().unwrap().is_none(),
+        "the relay exited when PostgreSQL restarted"
+    );
+    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    let received = consume(
+        &[&w.f.topic("meter")],
+        total as usize,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_complete_and_ordered(&received, total, 20);
+    w.drop_slot().await;
+}
+
+/// Two relays on one slot: one reads, the other waits; killed, the reader's slot passes to the
+/// standby, which resumes from the confirmed position.
+#[tokio::test]
+async fn a_standby_takes_over_when_the_reader_dies() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let mut active = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    wait_until_reading(&w).await;
+    let mut standby = w.spawn_relay(&[]);
+    let writer = Writer::start(&w.f, 20, Duration::from_millis(5));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(standby.try_wait().unwrap().is_none(), "the standby exited");
+    common::signal(&active, "KILL");
+    active.wait().unwrap();
+    let killed = Instant::now();
+    // The standby holds the slot again within a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let holder =
+            w.f.scalar(&format!(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
+                w.source.slot
+            ))
+            .await;
+        if holder > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the standby did not take over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "the standby took over {:?} after the kill",
+        killed.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let total = writer.finish().await;
+    w.wait_until_confirmed(Duration::from_secs(60)).await;
+    assert_eq!(common::terminate(&mut standby.0), Some(0));
+    let received = consume(
+        &[&w.f.topic("meter")],
+        total as usize,
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_complete_and_ordered(&received, total, 20);
+    w.drop_slot().await;
+}
