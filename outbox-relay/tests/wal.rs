@@ -197,7 +197,7 @@ async fn rows_are_published_under_the_contract_and_the_table_left_unmarked() {
     );
 
     // A polling relay refuses this table: it would publish every event again.
-    let polling = relay_command()
+    let mut polling = relay_command()
         .args([
             "run",
             "--database-url",
@@ -207,10 +207,15 @@ async fn rows_are_published_under_the_contract_and_the_table_left_unmarked() {
             "--http-addr",
             "off",
         ])
-        .output()
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&polling.stderr);
-    assert_eq!(polling.status.code(), Some(1), "{stderr}");
+    let (status, stderr) = common::wait_for_exit(
+        &mut polling,
+        Duration::from_secs(30),
+        "the polling relay ran",
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!("publication {}", w.source.publication))
             && stderr.contains("wal drop"),
@@ -424,9 +429,14 @@ async fn the_wal_source_refuses_to_start_beside_polling_relays_or_on_sqlite() {
     ];
     let flags = w.flags();
     args.extend(flags.iter().map(String::as_str));
-    let out = relay_command().args(&args).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let mut wal = relay_command()
+        .args(&args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, stderr) =
+        common::wait_for_exit(&mut wal, Duration::from_secs(30), "the WAL relay ran");
+    assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("polling relay(s) publish this outbox table"),
         "{stderr}"
@@ -502,7 +512,7 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
 }
 
 #[tokio::test]
-async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
+async fn the_broker_stops_for_30_seconds_and_the_relay_is_killed_meanwhile_and_nothing_is_lost() {
     let _one = ONE_AT_A_TIME.lock().await;
     let w = WalFixture::new().await;
     let name = format!("relay-{}", w.f.prefix);
@@ -514,7 +524,16 @@ async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
     let writer = Writer::start(&w.f, 20, Duration::from_millis(5));
     tokio::time::sleep(Duration::from_secs(2)).await;
     services("pause-kafka");
-    tokio::time::sleep(Duration::from_secs(28)).await;
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    assert!(
+        relay.try_wait().unwrap().is_none(),
+        "the relay exited while the broker was away"
+    );
+    // Killed with everything since the pause unacknowledged: none of it may have been confirmed.
+    common::signal(&relay, "KILL");
+    relay.wait().unwrap();
+    let mut relay = w.f.named(&name).spawn_relay(&args);
+    tokio::time::sleep(Duration::from_secs(14)).await;
     assert!(
         relay.try_wait().unwrap().is_none(),
         "the relay exited while the broker was away"
