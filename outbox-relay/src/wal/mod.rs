@@ -136,7 +136,8 @@ impl From<slot::Prepare> for Stop {
 /// can be confirmed once everything before it was answered.
 enum Settled {
     Answered {
-        row: OutboxRow,
+        // Boxed: a row is much larger than a commit position.
+        row: Box<OutboxRow>,
         topic: String,
         answer: Result<(), SinkError>,
     },
@@ -286,10 +287,10 @@ async fn stream(
                                     let answer = tokio::time::timeout(ack_timeout, ack).await.unwrap_or_else(|_| {
                                         Err(SinkError::new(format!("no answer from the sink within {ack_timeout:?}")))
                                     });
-                                    Settled::Answered { row, topic, answer }
+                                    Settled::Answered { row: Box::new(row), topic, answer }
                                 }
                                 .boxed(),
-                                Err(e) => futures::future::ready(Settled::Answered { row, topic, answer: Err(e) }).boxed(),
+                                Err(e) => futures::future::ready(Settled::Answered { row: Box::new(row), topic, answer: Err(e) }).boxed(),
                             }
                         }
                     };
@@ -468,10 +469,7 @@ fn replication_config(url: &str, source: &WalSource) -> Result<ReplicationConfig
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.into_owned())
     };
-    let password = parsed
-        .password()
-        .map(|p| percent_decode(p))
-        .unwrap_or_default();
+    let password = parsed.password().map(percent_decode).unwrap_or_default();
     let root = query("sslrootcert").map(std::path::PathBuf::from);
     let mut tls = match query("sslmode").as_deref() {
         Some("require") => TlsConfig::require(),
