@@ -66,6 +66,68 @@ pub async fn resources(
 ) -> Resources {
     let db = setup::fresh(base_url).await;
     setup::fill(&db, events, aggregates).await;
+    measure_binary(
+        relay_bin,
+        &db,
+        brokers,
+        events,
+        &[],
+        DrainedWhen::TableEmpty,
+    )
+    .await
+}
+
+/// The WAL relay binary's resources over one drain of table rows retained in the WAL.
+pub async fn wal_resources(
+    relay_bin: &Path,
+    base_url: &str,
+    brokers: &str,
+    events: usize,
+    aggregates: usize,
+) -> Resources {
+    let db = setup::fresh(base_url).await;
+    let (config, source) = crate::wal::config(&db.url);
+    crate::wal::prepare(&config).await;
+    setup::fill(&db, events, aggregates).await;
+    let end: i64 = sqlx::query_scalar("SELECT (pg_current_wal_lsn() - '0/0')::int8")
+        .fetch_one(&db.pool)
+        .await
+        .expect("wal position");
+    let args = [
+        "--source",
+        "wal",
+        "--wal-slot",
+        &source.slot,
+        "--wal-publication",
+        &source.publication,
+    ];
+    let resources = measure_binary(
+        relay_bin,
+        &db,
+        brokers,
+        events,
+        &args,
+        DrainedWhen::SlotConfirmed(source.slot.clone(), end),
+    )
+    .await;
+    crate::wal::drop_slot(&db.url, &source).await;
+    resources
+}
+
+enum DrainedWhen {
+    TableEmpty,
+    /// The slot confirmed this WAL position (bytes from 0/0); it is reported within a second.
+    SlotConfirmed(String, i64),
+}
+
+async fn measure_binary(
+    relay_bin: &Path,
+    db: &setup::Db,
+    brokers: &str,
+    events: usize,
+    extra: &[&str],
+    drained: DrainedWhen,
+) -> Resources {
     let started = Instant::now();
     let mut child = Command::new(relay_bin)
         .args([
@@ -83,13 +145,43 @@ pub async fn resources(
             "--topic-template",
             &format!("bench-res-{}.{{aggregate_type}}", Uuid::now_v7().simple()),
         ])
+        .args(extra)
         .env("OUTBOX_LOG", "warn")
         .stdout(Stdio::null())
         .spawn()
         .unwrap_or_else(|e| panic!("start {}: {e}", relay_bin.display()));
-    setup::wait_drained(&db).await;
+    match drained {
+        DrainedWhen::TableEmpty => setup::wait_drained(db).await,
+        DrainedWhen::SlotConfirmed(slot, end) => loop {
+            let confirmed: Option<i64> = sqlx::query_scalar(
+                "SELECT (confirmed_flush_lsn - '0/0')::int8 FROM pg_replication_slots WHERE slot_name = $1",
+            )
+            .bind(&slot)
+            .fetch_one(&db.pool)
+            .await
+            .expect("slot probe");
+            if confirmed.unwrap_or(0) >= end {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        },
+    }
     let elapsed = started.elapsed();
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("/proc stat");
+    let (cpu, peak_rss_mib) = (cpu_seconds(child.id()), peak_rss_mib(child.id()));
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    child.wait().unwrap();
+    Resources {
+        cpu_us_per_event: cpu * 1e6 / events as f64,
+        peak_rss_mib,
+        events_per_second: events as f64 / elapsed.as_secs_f64(),
+    }
+}
+
+/// The CPU time (user and system) process `pid` has used so far, in seconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
     let fields: Vec<&str> = stat
         .rsplit(')')
         .next()
@@ -109,20 +201,16 @@ pub async fn resources(
     .trim()
     .parse()
     .unwrap_or(100.0);
-    let status =
-        std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("/proc status");
+    ticks / hz
+}
+
+/// The peak resident memory of process `pid` so far (VmHWM), in MiB.
+pub fn peak_rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
     let hwm_kib: f64 = status
         .lines()
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0.0);
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    child.wait().unwrap();
-    Resources {
-        cpu_us_per_event: ticks / hz * 1e6 / events as f64,
-        peak_rss_mib: hwm_kib / 1024.0,
-        events_per_second: events as f64 / elapsed.as_secs_f64(),
-    }
+    hwm_kib / 1024.0
 }

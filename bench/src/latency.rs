@@ -24,7 +24,8 @@ struct LatencyProbe {
     note: String,
 }
 
-type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
+/// When each event was committed (or acked).
+pub type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
 
 /// The Kafka sink, noting when each event's ack arrived.
 struct TimingSink {
@@ -71,6 +72,7 @@ pub async fn measure(
     rate: usize,
     seconds: u64,
     wakeup: Wakeup,
+    wal: Option<crate::wal::Backlog>,
 ) -> Percentiles {
     let db = setup::fresh(base_url).await;
     if wakeup == Wakeup::Notify {
@@ -82,6 +84,19 @@ pub async fn measure(
     let acked: Times = Arc::default();
     let committed: Times = Arc::default();
     let mut config = RelayConfig::new(db.url.clone());
+    let mut wal_source = None;
+    if wal.is_some() {
+        let (wal_config, source) = crate::wal::config(&db.url);
+        crate::wal::prepare(&wal_config).await;
+        config = wal_config;
+        wal_source = Some(source);
+    }
+    // Table-less events are what `record` writes in this process while it is set.
+    outbox_core::set_recording(if wal == Some(crate::wal::Backlog::Messages) {
+        outbox_core::Recording::LogicalMessage
+    } else {
+        outbox_core::Recording::Table
+    });
     config.wakeup = wakeup;
     config.retention = None;
     config.topic_template = format!("bench-lat-{}.{{aggregate_type}}", Uuid::now_v7().simple());
@@ -95,11 +110,53 @@ pub async fn measure(
         let shutdown = shutdown.clone();
         async move { relay.run(shutdown).await }
     });
-    setup::wait_leased(&db).await;
+    match &wal_source {
+        None => setup::wait_leased(&db).await,
+        Some(source) => setup::wait_slot_read(&db, &source.slot).await,
+    }
 
-    // Writers, each at an equal share of the rate, one event per transaction.
+    let achieved = write_at_rate(&db.url, rate, seconds, &committed).await;
+    // Every committed event acked (the WAL source never marks rows, so the table cannot tell).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = {
+            let (committed, acked) = (committed.lock().unwrap(), acked.lock().unwrap());
+            committed.keys().all(|id| acked.contains_key(id))
+        };
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "events committed but never acked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    shutdown.cancel();
+    running.await.unwrap();
+    outbox_core::set_recording(outbox_core::Recording::Table);
+    if let Some(source) = &wal_source {
+        crate::wal::drop_slot(&db.url, source).await;
+    }
+
+    let committed = committed.lock().unwrap();
+    let acked = acked.lock().unwrap();
+    let latencies: Vec<f64> = committed
+        .iter()
+        .filter_map(|(id, c)| {
+            acked
+                .get(id)
+                .map(|a| a.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+        })
+        .collect();
+    percentiles(latencies, rate, achieved)
+}
+
+/// Records one [`LatencyProbe`] per transaction at `rate` events/s for `seconds`, from eight
+/// writers at an equal share each, noting each commit in `committed`; returns the rate achieved.
+pub async fn write_at_rate(url: &str, rate: usize, seconds: u64, committed: &Times) -> f64 {
     const WRITERS: usize = 8;
-    let orm = Database::connect(&db.url).await.unwrap();
+    let orm = Database::connect(url).await.unwrap();
     let started = Instant::now();
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
@@ -129,21 +186,11 @@ pub async fn measure(
     for w in writers {
         w.await.unwrap();
     }
-    let achieved = committed.lock().unwrap().len() as f64 / started.elapsed().as_secs_f64();
-    setup::wait_drained(&db).await;
-    shutdown.cancel();
-    running.await.unwrap();
+    committed.lock().unwrap().len() as f64 / started.elapsed().as_secs_f64()
+}
 
-    let committed = committed.lock().unwrap();
-    let acked = acked.lock().unwrap();
-    let mut latencies: Vec<f64> = committed
-        .iter()
-        .filter_map(|(id, c)| {
-            acked
-                .get(id)
-                .map(|a| a.saturating_duration_since(*c).as_secs_f64() * 1000.0)
-        })
-        .collect();
+/// The 50th, 95th and 99th percentiles of `latencies` (ms).
+pub fn percentiles(mut latencies: Vec<f64>, offered: usize, achieved: f64) -> Percentiles {
     latencies.sort_by(f64::total_cmp);
     let at = |q: f64| {
         latencies
@@ -152,7 +199,7 @@ pub async fn measure(
             .unwrap_or(f64::NAN)
     };
     Percentiles {
-        offered: rate as f64,
+        offered: offered as f64,
         achieved,
         p50_ms: at(0.50),
         p95_ms: at(0.95),

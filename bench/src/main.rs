@@ -4,6 +4,7 @@
 //! It prints a markdown table and writes the numbers as JSON. Ratios measured in the same run are
 //! the headline; absolute rates depend on the machine.
 
+mod debezium;
 mod drain;
 mod latency;
 mod limits;
@@ -11,6 +12,7 @@ mod pulsar;
 mod record_cost;
 mod report;
 mod setup;
+mod wal;
 
 use clap::Parser;
 use outbox_relay::{Mode, Wakeup};
@@ -38,7 +40,8 @@ struct Args {
     /// The outbox-relay binary whose CPU and memory are measured [default: beside this one].
     #[arg(long)]
     relay_bin: Option<PathBuf>,
-    /// Run only these parts (repeat): limits, drain, latency, record, resources, pulsar.
+    /// Run only these parts (repeat): limits, drain, latency, record, resources, pulsar, wal,
+    /// debezium.
     #[arg(long, value_enum)]
     only: Vec<Part>,
 }
@@ -51,6 +54,8 @@ enum Part {
     Record,
     Resources,
     Pulsar,
+    Wal,
+    Debezium,
 }
 
 /// How much work each part does.
@@ -139,17 +144,38 @@ async fn main() {
         eprintln!("latency...");
         for &rate in scale.rates {
             for wakeup in [Wakeup::Poll, Wakeup::Notify] {
-                let p = latency::measure(db, kafka, rate, scale.latency_seconds, wakeup).await;
-                report.add_latency(wakeup, p);
+                let p =
+                    latency::measure(db, kafka, rate, scale.latency_seconds, wakeup, None).await;
+                let name = if wakeup == Wakeup::Notify {
+                    "polling relay, LISTEN/NOTIFY"
+                } else {
+                    "polling relay, adaptive polling"
+                };
+                report.add_latency(name, p);
+            }
+            if run(Part::Wal) {
+                for (backlog, name) in [
+                    (wal::Backlog::Rows, "WAL source, table rows"),
+                    (wal::Backlog::Messages, "WAL source, table-less"),
+                ] {
+                    let p = latency::measure(
+                        db,
+                        kafka,
+                        rate,
+                        scale.latency_seconds,
+                        Wakeup::Poll,
+                        Some(backlog),
+                    )
+                    .await;
+                    report.add_latency(name, p);
+                }
             }
         }
     }
 
     if run(Part::Record) {
         eprintln!("record cost...");
-        report.record_cost = record_cost::measure(db, scale.record_iterations)
-            .await
-            .to_vec();
+        report.record_cost = record_cost::measure(db, scale.record_iterations).await;
     }
 
     if run(Part::Resources) {
@@ -161,6 +187,54 @@ async fn main() {
         });
         report.resources =
             Some(drain::resources(&relay_bin, db, kafka, scale.events, AGGREGATES).await);
+    }
+
+    if run(Part::Wal) {
+        eprintln!("WAL source...");
+        if report.raw_producer == 0.0 {
+            report.raw_producer = limits::raw_producer(kafka, scale.events, AGGREGATES, 500).await;
+        }
+        for (backlog, name) in [
+            (wal::Backlog::Rows, "table rows"),
+            (wal::Backlog::Messages, "table-less events"),
+        ] {
+            let rate = wal::drain(db, kafka, scale.events, AGGREGATES, backlog).await;
+            report.wal_drain.push((name.to_owned(), rate));
+        }
+        let relay_bin = args.relay_bin.clone().unwrap_or_else(|| {
+            std::env::current_exe()
+                .unwrap()
+                .with_file_name("outbox-relay")
+        });
+        report.wal_resources =
+            Some(drain::wal_resources(&relay_bin, db, kafka, scale.events, AGGREGATES).await);
+    }
+
+    if run(Part::Debezium) {
+        eprintln!("Debezium...");
+        if report.raw_producer == 0.0 {
+            report.raw_producer = limits::raw_producer(kafka, scale.events, AGGREGATES, 500).await;
+        }
+        let results = debezium::measure(
+            db,
+            kafka,
+            scale.events,
+            AGGREGATES,
+            scale.rates,
+            scale.latency_seconds,
+        )
+        .await;
+        report
+            .wal_drain
+            .push(("table rows, Debezium".to_owned(), results.drain));
+        for p in results.latency {
+            report.add_latency("Debezium, to the broker's append time", p);
+        }
+        report.debezium_resources = Some(drain::Resources {
+            cpu_us_per_event: results.cpu_us_per_event,
+            peak_rss_mib: results.peak_rss_mib,
+            events_per_second: results.drain,
+        });
     }
 
     if run(Part::Pulsar) {

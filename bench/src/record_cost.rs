@@ -17,7 +17,7 @@ struct OrderPlaced {
 
 /// Mean microseconds per transaction: business row alone, with one `record`, with `record_all`
 /// of 10 and of 100 events.
-pub async fn measure(base_url: &str, iterations: usize) -> [(String, f64); 4] {
+pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
     let db = setup::fresh(base_url).await;
     let orm = Database::connect(&db.url).await.unwrap();
     orm.execute_unprepared(
@@ -27,7 +27,16 @@ pub async fn measure(base_url: &str, iterations: usize) -> [(String, f64); 4] {
     .unwrap();
     let mut next = 0u64;
     let mut results = Vec::new();
-    for events in [0usize, 1, 10, 100] {
+    let cases = [
+        (0usize, outbox_core::Recording::Table),
+        (1, outbox_core::Recording::Table),
+        (10, outbox_core::Recording::Table),
+        (100, outbox_core::Recording::Table),
+        (1, outbox_core::Recording::LogicalMessage),
+        (100, outbox_core::Recording::LogicalMessage),
+    ];
+    for (events, recording) in cases {
+        outbox_core::set_recording(recording);
         let started = Instant::now();
         for _ in 0..iterations {
             next += 1;
@@ -58,15 +67,21 @@ pub async fn measure(base_url: &str, iterations: usize) -> [(String, f64); 4] {
             }
             txn.commit().await.unwrap();
         }
+        let table_less = if recording == outbox_core::Recording::LogicalMessage {
+            ", table-less (logical message)"
+        } else {
+            ""
+        };
         let label = match events {
             0 => "business transaction alone".to_owned(),
-            1 => "with one record".to_owned(),
-            n => format!("with record_all of {n}"),
+            1 => format!("with one record{table_less}"),
+            n => format!("with record_all of {n}{table_less}"),
         };
         results.push((
             label,
             started.elapsed().as_secs_f64() * 1e6 / iterations as f64,
         ));
     }
-    results.try_into().unwrap()
+    outbox_core::set_recording(outbox_core::Recording::Table);
+    results
 }

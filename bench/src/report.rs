@@ -2,7 +2,7 @@
 
 use crate::drain::Resources;
 use crate::latency::Percentiles;
-use outbox_relay::{Mode, Wakeup};
+use outbox_relay::Mode;
 use serde_json::json;
 use std::fmt::Write;
 
@@ -48,7 +48,12 @@ pub struct Report {
     pub payload_bytes: f64,
     pub limits: Vec<Row>,
     pub raw_producer: f64,
-    latency: Vec<(Wakeup, Percentiles)>,
+    latency: Vec<(String, Percentiles)>,
+    /// The WAL source: (what, events/s) drains, and its binary's resources.
+    pub wal_drain: Vec<(String, f64)>,
+    pub wal_resources: Option<Resources>,
+    /// Debezium's Kafka Connect worker over its drain.
+    pub debezium_resources: Option<Resources>,
     pub record_cost: Vec<(String, f64)>,
     pub resources: Option<Resources>,
     pub pulsar: Option<PulsarRow>,
@@ -96,6 +101,9 @@ impl Report {
             limits: Vec::new(),
             raw_producer: 0.0,
             latency: Vec::new(),
+            wal_drain: Vec::new(),
+            wal_resources: None,
+            debezium_resources: None,
             record_cost: Vec::new(),
             resources: None,
             pulsar: None,
@@ -112,8 +120,8 @@ impl Report {
         }
     }
 
-    pub fn add_latency(&mut self, wakeup: Wakeup, p: Percentiles) {
-        self.latency.push((wakeup, p));
+    pub fn add_latency(&mut self, source: &str, p: Percentiles) {
+        self.latency.push((source.to_owned(), p));
     }
 
     pub fn markdown(&self) -> String {
@@ -164,15 +172,10 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "| wake-up | offered/s | achieved/s | p50 ms | p95 ms | p99 ms |"
+            "| source | offered/s | achieved/s | p50 ms | p95 ms | p99 ms |"
         );
         let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
-        for (wakeup, p) in &self.latency {
-            let name = if *wakeup == Wakeup::Notify {
-                "LISTEN/NOTIFY"
-            } else {
-                "adaptive polling"
-            };
+        for (name, p) in &self.latency {
             let _ = writeln!(
                 out,
                 "| {name} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |",
@@ -188,6 +191,43 @@ impl Report {
         }
         if let Some(r) = &self.resources {
             let _ = writeln!(out, "\n### The relay binary (1 replica, batch 500, mark)\n");
+            let _ = writeln!(
+                out,
+                "{:.0} events/s; {:.1} µs CPU per event; peak resident memory {:.1} MiB.",
+                r.events_per_second, r.cpu_us_per_event, r.peak_rss_mib
+            );
+        }
+        if !self.wal_drain.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n### The WAL source: a backlog retained in the WAL, drained by one relay (events/s acked)\n"
+            );
+            let _ = writeln!(out, "| backlog | events/s | / raw producer |");
+            let _ = writeln!(out, "|---|---:|---:|");
+            for (what, rate) in &self.wal_drain {
+                let _ = writeln!(
+                    out,
+                    "| {what} | {rate:.0} | {:.2} |",
+                    rate / self.raw_producer.max(1.0)
+                );
+            }
+        }
+        if let Some(r) = &self.wal_resources {
+            let _ = writeln!(
+                out,
+                "\n### The relay binary on the WAL source (table rows)\n"
+            );
+            let _ = writeln!(
+                out,
+                "{:.0} events/s; {:.1} µs CPU per event; peak resident memory {:.1} MiB.",
+                r.events_per_second, r.cpu_us_per_event, r.peak_rss_mib
+            );
+        }
+        if let Some(r) = &self.debezium_resources {
+            let _ = writeln!(
+                out,
+                "\n### Debezium's Kafka Connect worker (JVM) over its drain\n"
+            );
             let _ = writeln!(
                 out,
                 "{:.0} events/s; {:.1} µs CPU per event; peak resident memory {:.1} MiB.",
@@ -226,8 +266,8 @@ impl Report {
         let latency: Vec<_> = self
             .latency
             .iter()
-            .map(|(w, p)| json!({
-                "wakeup": if *w == Wakeup::Notify { "notify" } else { "poll" },
+            .map(|(source, p)| json!({
+                "source": source,
                 "offered": p.offered, "achieved": p.achieved, "p50_ms": p.p50_ms, "p95_ms": p.p95_ms, "p99_ms": p.p99_ms,
             }))
             .collect();
@@ -243,6 +283,13 @@ impl Report {
             "record_cost_us": self.record_cost.iter().map(|(l, v)| json!({ "transaction": l, "mean_us": v })).collect::<Vec<_>>(),
             "pulsar": self.pulsar.as_ref().map(|p| json!({
                 "batch": p.batch, "raw_producer": p.raw_producer, "relay": p.relay,
+            })),
+            "wal_drain": self.wal_drain.iter().map(|(w, v)| json!({ "backlog": w, "events_per_second": v })).collect::<Vec<_>>(),
+            "wal_relay_binary": self.wal_resources.as_ref().map(|r| json!({
+                "events_per_second": r.events_per_second, "cpu_us_per_event": r.cpu_us_per_event, "peak_rss_mib": r.peak_rss_mib,
+            })),
+            "debezium_worker": self.debezium_resources.as_ref().map(|r| json!({
+                "events_per_second": r.events_per_second, "cpu_us_per_event": r.cpu_us_per_event, "peak_rss_mib": r.peak_rss_mib,
             })),
             "relay_binary": self.resources.as_ref().map(|r| json!({
                 "events_per_second": r.events_per_second, "cpu_us_per_event": r.cpu_us_per_event, "peak_rss_mib": r.peak_rss_mib,

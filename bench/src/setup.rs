@@ -107,3 +107,20 @@ pub async fn wait_leased(db: &Db) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Waits until a WAL relay reads `slot`.
+pub async fn wait_slot_read(db: &Db, slot: &str) {
+    loop {
+        let active: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active)",
+        )
+        .bind(slot)
+        .fetch_one(&db.pool)
+        .await
+        .expect("slot probe");
+        if active {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

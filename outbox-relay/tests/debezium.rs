@@ -14,6 +14,7 @@ use outbox_core::sea_orm::{
     ConnectionTrait, DatabaseTransaction, DbBackend, Statement, TransactionTrait,
 };
 use outbox_core::{Envelope, NewEvent, OutboxEvent, Uuid};
+use outbox_tests::debezium;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -32,51 +33,6 @@ struct OrderPlaced {
 #[outbox(aggregate = "order", key = "order_id", version = 2)]
 struct OrderShipped {
     order_id: String,
-}
-
-/// The Kafka Connect worker's REST API.
-fn connect_url() -> String {
-    std::env::var("OUTBOX_DEBEZIUM_URL").expect(
-        "OUTBOX_DEBEZIUM_URL is not set: start Kafka Connect with Debezium by \
-         `scripts/services start debezium` (scripts/test does)",
-    )
-}
-
-/// `curl` against the worker: the status code and the body.
-fn rest(method: &str, path: &str, body: Option<&serde_json::Value>) -> (u16, String) {
-    let mut curl = Command::new("curl");
-    curl.args(["-s", "-X", method, "-w", "\n%{http_code}"])
-        .arg(format!("{}{path}", connect_url()));
-    if let Some(body) = body {
-        curl.args(["-H", "Content-Type: application/json", "--data-binary"])
-            .arg(body.to_string());
-    }
-    let output = curl.output().expect("curl (scripts/setup installs it)");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
-    (code.trim().parse().unwrap_or(0), body.to_owned())
-}
-
-/// The deployed connector, pointed at this fixture's schema, slot, publication and topics.
-fn connector_config(f: &Fixture, schema: &str) -> serde_json::Value {
-    let deployed: serde_json::Value =
-        serde_json::from_str(include_str!("../../deploy/debezium/outbox-connector.json"))
-            .expect("deploy/debezium/outbox-connector.json is JSON");
-    let mut config = deployed["config"].clone();
-    for (key, value) in [
-        ("topic.prefix", f.prefix.clone()),
-        ("table.include.list", format!("{schema}.outbox")),
-        ("slot.name", f.prefix.clone()),
-        ("publication.name", f.prefix.clone()),
-        (
-            "transforms.outbox.route.topic.replacement",
-            format!("{}.${{routedByValue}}", f.prefix),
-        ),
-    ] {
-        assert!(config.get(key).is_some(), "the deployed config sets {key}");
-        config[key] = value.into();
-    }
-    config
 }
 
 /// Runs the deployed connector on the fixture's table until dropped, then removes it with its
@@ -101,15 +57,7 @@ impl Connector {
         // Topics first: the worker's idempotent producer can stall on an auto-created one.
         create_topics(&[&f.topic("order"), &f.topic("invoice")]).await;
         let name = f.prefix.clone();
-        let (code, body) = rest(
-            "PUT",
-            &format!("/connectors/{name}/config"),
-            Some(&connector_config(f, &schema)),
-        );
-        assert!(
-            code == 201 || code == 200,
-            "creating the connector: {code} {body}"
-        );
+        debezium::put(&name, &debezium::config(&schema, &name));
         let connector = Connector {
             name,
             db: f.db.clone(),
@@ -122,15 +70,8 @@ impl Connector {
     async fn wait_until_streaming(&self, f: &Fixture) {
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
-            let (_, status) = rest("GET", &format!("/connectors/{}/status", self.name), None);
-            let status: serde_json::Value = serde_json::from_str(&status).unwrap_or_default();
-            let task = &status["tasks"][0];
-            assert_ne!(
-                task["state"], "FAILED",
-                "the Debezium task failed: {}",
-                task["trace"]
-            );
-            let streaming = task["state"] == "RUNNING"
+            let (state, status) = debezium::task_state(&self.name);
+            let streaming = state == "RUNNING"
                 && f.scalar(&format!(
                     "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
                     self.name
@@ -151,7 +92,7 @@ impl Connector {
 
 impl Drop for Connector {
     fn drop(&mut self) {
-        rest("DELETE", &format!("/connectors/{}", self.name), None);
+        debezium::delete(&self.name);
         let (db, name) = (self.db.clone(), self.name.clone());
         // The slot is released once the task stopped; a forgotten slot would retain WAL.
         let cleanup = async move {

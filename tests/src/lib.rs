@@ -3,6 +3,8 @@
 //! PostgreSQL comes from `DATABASE_URL`, which `scripts/test` sets after starting a throwaway
 //! cluster. A test that needs it fails with a message saying so; none is skipped.
 
+pub mod debezium;
+
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
 use std::path::PathBuf;
 
