@@ -27,9 +27,10 @@ struct LatencyProbe {
 /// When each event was committed (or acked).
 pub type Times = Arc<Mutex<HashMap<Uuid, Instant>>>;
 
-/// The Kafka sink, noting when each event's ack arrived.
+/// The Kafka sink, noting when each event was handed to it and when its ack arrived.
 struct TimingSink {
     inner: KafkaSink,
+    enqueued: Times,
     acked: Times,
 }
 
@@ -40,6 +41,11 @@ impl Sink for TimingSink {
 
     fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
         Box::pin(async move {
+            self.enqueued
+                .lock()
+                .unwrap()
+                .entry(message.event_id)
+                .or_insert_with(Instant::now);
             let ack = self.inner.enqueue(message).await?;
             let (acked, event_id) = (self.acked.clone(), message.event_id);
             let timed: Ack = Box::pin(async move {
@@ -64,6 +70,8 @@ pub struct Percentiles {
     pub p50_ms: f64,
     pub p95_ms: f64,
     pub p99_ms: f64,
+    /// The p99 of the first leg, commit to the relay handing the event to the sink, where known.
+    pub p99_to_sink_ms: Option<f64>,
 }
 
 pub async fn measure(
@@ -82,6 +90,7 @@ pub async fn measure(
             .expect("trigger");
     }
     let acked: Times = Arc::default();
+    let enqueued: Times = Arc::default();
     let committed: Times = Arc::default();
     let mut config = RelayConfig::new(db.url.clone());
     let mut wal_source = None;
@@ -102,6 +111,7 @@ pub async fn measure(
     config.topic_template = format!("bench-lat-{}.{{aggregate_type}}", Uuid::now_v7().simple());
     let sink = TimingSink {
         inner: KafkaSink::new(&KafkaConfig::new(brokers)).unwrap(),
+        enqueued: enqueued.clone(),
         acked: acked.clone(),
     };
     let relay = Relay::new(config, sink);
@@ -140,16 +150,20 @@ pub async fn measure(
     }
 
     let committed = committed.lock().unwrap();
-    let acked = acked.lock().unwrap();
-    let latencies: Vec<f64> = committed
-        .iter()
-        .filter_map(|(id, c)| {
-            acked
-                .get(id)
-                .map(|a| a.saturating_duration_since(*c).as_secs_f64() * 1000.0)
-        })
-        .collect();
-    percentiles(latencies, rate, achieved)
+    let since_commit = |times: &Times| -> Vec<f64> {
+        let times = times.lock().unwrap();
+        committed
+            .iter()
+            .filter_map(|(id, c)| {
+                times
+                    .get(id)
+                    .map(|t| t.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+            })
+            .collect()
+    };
+    let mut p = percentiles(since_commit(&acked), rate, achieved);
+    p.p99_to_sink_ms = Some(percentiles(since_commit(&enqueued), rate, achieved).p99_ms);
+    p
 }
 
 /// Records one [`LatencyProbe`] per transaction at `rate` events/s for `seconds`, from eight
@@ -204,5 +218,6 @@ pub fn percentiles(mut latencies: Vec<f64>, offered: usize, achieved: f64) -> Pe
         p50_ms: at(0.50),
         p95_ms: at(0.95),
         p99_ms: at(0.99),
+        p99_to_sink_ms: None,
     }
 }

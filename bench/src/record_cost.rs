@@ -15,8 +15,18 @@ struct OrderPlaced {
     note: String,
 }
 
-/// Mean microseconds per transaction: business row alone, with one `record`, with `record_all`
-/// of 10 and of 100 events.
+/// What a measured transaction does besides its business row.
+#[derive(Clone, Copy)]
+enum Extra {
+    Nothing,
+    /// One `SELECT 1`: the cost of any extra statement, the floor for one `record`.
+    RoundTrip,
+    /// `record` (1) or `record_all` of n events, recorded this way.
+    Events(usize, outbox_core::Recording),
+}
+
+/// Mean microseconds per transaction: business row alone, with one extra statement, with one
+/// `record`, with `record_all` of 10 and of 100 events, in the table and table-less.
 pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
     let db = setup::fresh(base_url).await;
     let orm = Database::connect(&db.url).await.unwrap();
@@ -27,16 +37,20 @@ pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
     .unwrap();
     let mut next = 0u64;
     let mut results = Vec::new();
+    use outbox_core::Recording::{LogicalMessage, Table};
     let cases = [
-        (0usize, outbox_core::Recording::Table),
-        (1, outbox_core::Recording::Table),
-        (10, outbox_core::Recording::Table),
-        (100, outbox_core::Recording::Table),
-        (1, outbox_core::Recording::LogicalMessage),
-        (100, outbox_core::Recording::LogicalMessage),
+        Extra::Nothing,
+        Extra::RoundTrip,
+        Extra::Events(1, Table),
+        Extra::Events(10, Table),
+        Extra::Events(100, Table),
+        Extra::Events(1, LogicalMessage),
+        Extra::Events(100, LogicalMessage),
     ];
-    for (events, recording) in cases {
-        outbox_core::set_recording(recording);
+    for extra in cases {
+        if let Extra::Events(_, recording) = extra {
+            outbox_core::set_recording(recording);
+        }
         let started = Instant::now();
         for _ in 0..iterations {
             next += 1;
@@ -55,33 +69,42 @@ pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
                 total_cents: 1999,
                 note: "x".repeat(110),
             };
-            match events {
-                0 => {}
-                1 => {
+            match extra {
+                Extra::Nothing => {}
+                Extra::RoundTrip => {
+                    txn.execute_unprepared("SELECT 1").await.unwrap();
+                }
+                Extra::Events(1, _) => {
                     event(0).record(&txn).await.unwrap();
                 }
-                n => {
+                Extra::Events(n, _) => {
                     let batch: Vec<OrderPlaced> = (0..n).map(event).collect();
                     outbox_core::record_all(&txn, &batch).await.unwrap();
                 }
             }
             txn.commit().await.unwrap();
         }
-        let table_less = if recording == outbox_core::Recording::LogicalMessage {
-            ", table-less (logical message)"
-        } else {
-            ""
-        };
-        let label = match events {
-            0 => "business transaction alone".to_owned(),
-            1 => format!("with one record{table_less}"),
-            n => format!("with record_all of {n}{table_less}"),
+        let label = match extra {
+            Extra::Nothing => "business transaction alone".to_owned(),
+            Extra::RoundTrip => "with one SELECT 1 (any extra statement)".to_owned(),
+            Extra::Events(n, recording) => {
+                let how = if recording == LogicalMessage {
+                    ", table-less (logical message)"
+                } else {
+                    ""
+                };
+                if n == 1 {
+                    format!("with one record{how}")
+                } else {
+                    format!("with record_all of {n}{how}")
+                }
+            }
         };
         results.push((
             label,
             started.elapsed().as_secs_f64() * 1e6 / iterations as f64,
         ));
     }
-    outbox_core::set_recording(outbox_core::Recording::Table);
+    outbox_core::set_recording(Table);
     results
 }

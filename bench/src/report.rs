@@ -172,13 +172,16 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "| source | offered/s | achieved/s | p50 ms | p95 ms | p99 ms |"
+            "| source | offered/s | achieved/s | p50 ms | p95 ms | p99 ms | p99 ms, commit to sink |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
         for (name, p) in &self.latency {
+            let to_sink = p
+                .p99_to_sink_ms
+                .map_or("–".to_owned(), |ms| format!("{ms:.1}"));
             let _ = writeln!(
                 out,
-                "| {name} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} |",
+                "| {name} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {to_sink} |",
                 p.offered, p.achieved, p.p50_ms, p.p95_ms, p.p99_ms
             );
         }
@@ -268,7 +271,7 @@ impl Report {
             .iter()
             .map(|(source, p)| json!({
                 "source": source,
-                "offered": p.offered, "achieved": p.achieved, "p50_ms": p.p50_ms, "p95_ms": p.p95_ms, "p99_ms": p.p99_ms,
+                "offered": p.offered, "achieved": p.achieved, "p50_ms": p.p50_ms, "p95_ms": p.p95_ms, "p99_ms": p.p99_ms, "p99_to_sink_ms": p.p99_to_sink_ms,
             }))
             .collect();
         let value = json!({

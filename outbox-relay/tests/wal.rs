@@ -600,19 +600,20 @@ async fn a_standby_takes_over_when_the_reader_dies() {
     let writer = Writer::start(&w.f, 20, Duration::from_millis(5));
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(standby.try_wait().unwrap().is_none(), "the standby exited");
+    let reader_pid = format!(
+        "SELECT coalesce(max(active_pid), 0)::int8 FROM pg_replication_slots WHERE slot_name = '{}'",
+        w.source.slot
+    );
+    let killed_reader = w.f.scalar(&reader_pid).await;
+    assert!(killed_reader > 0, "someone reads the slot");
     common::signal(&active, "KILL");
     active.wait().unwrap();
     let killed = Instant::now();
-    // The standby holds the slot again within a few seconds.
+    // The standby holds the slot, through a session of its own, within a few seconds.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let holder =
-            w.f.scalar(&format!(
-                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}' AND active",
-                w.source.slot
-            ))
-            .await;
-        if holder > 0 {
+        let holder = w.f.scalar(&reader_pid).await;
+        if holder != 0 && holder != killed_reader {
             break;
         }
         assert!(Instant::now() < deadline, "the standby did not take over");
