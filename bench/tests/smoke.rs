@@ -29,6 +29,8 @@ fn the_benchmark_harness_runs_end_to_end() {
         "record()",
         "The relay binary",
         "Pulsar",
+        "The WAL source",
+        "Debezium's Kafka Connect worker",
     ] {
         assert!(
             table.contains(section),
@@ -46,4 +48,13 @@ fn the_benchmark_harness_runs_end_to_end() {
     );
     assert!(results["relay_binary"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
     assert!(results["pulsar"]["relay"].as_f64().unwrap() > 0.0);
+    // Both WAL backlogs and Debezium's drained.
+    let wal_drains = results["wal_drain"].as_array().unwrap();
+    assert_eq!(wal_drains.len(), 3, "{wal_drains:?}");
+    assert!(
+        wal_drains
+            .iter()
+            .all(|d| d["events_per_second"].as_f64().unwrap() > 0.0)
+    );
+    assert!(results["debezium_worker"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
 }
