@@ -97,7 +97,8 @@ async fn connect(mut options: ConnectOptions) -> DatabaseConnection {
     })
 }
 
-/// A new directory under the system's temp dir, left for the OS to clean.
+/// A new directory under the system's temp dir (`scripts/test` points `TMPDIR` at a folder of its
+/// run, which it removes at the end).
 pub fn temp_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("outbox-test-{}", uuid_suffix()));
     std::fs::create_dir_all(&dir).expect("create temp dir");
