@@ -59,6 +59,8 @@ mod record;
 mod registry;
 pub mod schema;
 mod secret;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use envelope::{Envelope, EnvelopeError};
 pub use error::{Error, Result};

@@ -48,6 +48,8 @@ mod routing;
 pub mod sink;
 mod status;
 pub mod tasks;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod wakeup;
 pub mod wal;
 
