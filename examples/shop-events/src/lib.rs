@@ -5,7 +5,7 @@ use outbox_core::OutboxEvent;
 use serde::{Deserialize, Serialize};
 
 /// A customer placed an order.
-#[derive(Debug, Clone, Serialize, Deserialize, OutboxEvent)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "order", key = "order_id")]
 pub struct OrderPlaced {
     /// The order.
@@ -16,8 +16,18 @@ pub struct OrderPlaced {
     pub total_cents: i64,
 }
 
+/// A customer cancelled an order before it shipped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(aggregate = "order", key = "order_id")]
+pub struct OrderCancelled {
+    /// The order.
+    pub order_id: String,
+    /// Why, in the customer's words.
+    pub reason: String,
+}
+
 /// An order left the warehouse. Shipping has a topic of its own.
-#[derive(Debug, Clone, Serialize, Deserialize, OutboxEvent)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "order", key = "order_id", topic = "shop.shipping")]
 pub struct OrderShipped {
     /// The order.
@@ -27,7 +37,7 @@ pub struct OrderShipped {
 }
 
 /// A payment went through.
-#[derive(Debug, Clone, Serialize, Deserialize, OutboxEvent)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
 #[outbox(
     aggregate = "payment",
     key = "payment_id",

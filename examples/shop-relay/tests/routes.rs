@@ -17,6 +17,13 @@ fn routes_lists_the_linked_event_types_with_their_topics() {
         rows,
         vec![
             vec![
+                "OrderCancelled",
+                "order",
+                "1",
+                "outbox.event.order",
+                "shop_events::OrderCancelled"
+            ],
+            vec![
                 "OrderPlaced",
                 "order",
                 "1",
