@@ -1,255 +1,466 @@
-//! The outbox demo. An order service records each event in the same transaction as the order it
-//! describes; a failing request rolls both back; the relay publishes what committed; a billing
-//! service consumes it through its inbox, and a re-sent event is applied only once.
+//! The outbox demo: a shop of three processes, driven with real HTTP requests.
 //!
-//! - `outbox-demo`: PostgreSQL at `DATABASE_URL` and Kafka at `KAFKA_BROKERS` (`scripts/demo`
-//!   starts both on loopback).
-//! - `outbox-demo --sqlite`: an embedded SQLite database, and the relay prints to stdout.
+//! - `orders-service` (axum + SeaORM) changes orders and records their events in the same
+//!   transactions;
+//! - `shop-relay` publishes the orders database's outbox to Kafka;
+//! - `billing-service` consumes the order events and bills each order once, through its inbox.
+//!
+//! `outbox-demo` needs PostgreSQL at `DATABASE_URL` and Kafka at `KAFKA_BROKERS` (`scripts/demo`
+//! starts both on loopback). `outbox-demo --sqlite` needs neither: the order service on SQLite,
+//! and the relay printing what it would publish.
+//!
+//! The three binaries are found beside this one (`cargo build` puts them there).
+//! `OUTBOX_DEMO_TOPIC_TEMPLATE` gives the relay another topic template, so that a test sharing a
+//! broker reads only its own events.
 
-use outbox_core::consumer::kafka::KafkaConsumer;
-use outbox_core::consumer::{self, Consumed, ConsumerOptions};
-use outbox_core::sea_orm::DbBackend;
-use outbox_core::sea_orm::{
-    ConnectionTrait, Database, DatabaseConnection, DatabaseTransaction, Statement, TransactionTrait,
-};
-use outbox_core::{OutboxEvent, Uuid};
-use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
-use outbox_relay::sink::stdout::StdoutSink;
-use outbox_relay::{Relay, RelayConfig};
-use shop_events::{OrderPlaced, OrderShipped, PaymentCaptured};
+mod services;
+
+use outbox_core::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+use rdkafka::Message as _;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
+use serde_json::{Value, json};
+use services::{Service, free_address};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
 
 type AnyError = Box<dyn std::error::Error>;
 
+/// How long any one wait of the demo may take.
+const PATIENCE: Duration = Duration::from_secs(60);
+
 #[tokio::main]
 async fn main() -> Result<(), AnyError> {
-    let sqlite = std::env::args().any(|a| a == "--sqlite");
-    let (url, brokers) = if sqlite {
-        let path = std::env::temp_dir().join("outbox-demo.db");
-        let _ = std::fs::remove_file(&path);
-        (format!("sqlite://{}?mode=rwc", path.display()), None)
+    let told = if std::env::args().any(|a| a == "--sqlite") {
+        sqlite_story().await
     } else {
-        let url = std::env::var("DATABASE_URL")
-            .map_err(|_| "DATABASE_URL is not set: run scripts/demo")?;
-        let brokers = std::env::var("KAFKA_BROKERS")
-            .map_err(|_| "KAFKA_BROKERS is not set: run scripts/demo")?;
-        (url, Some(brokers))
+        story().await
     };
+    // The services' output was shown where something failed; it goes with them.
+    services::remove_logs();
+    told
+}
 
-    let db = Database::connect(&url).await?;
-    outbox_core::migration::migrate(&db).await?;
-    db.execute_unprepared(
-        "CREATE TABLE IF NOT EXISTS orders (id TEXT PRIMARY KEY, customer TEXT NOT NULL, total_cents BIGINT NOT NULL)",
+/// The story on PostgreSQL and Kafka.
+async fn story() -> Result<(), AnyError> {
+    let server = std::env::var("DATABASE_URL")
+        .map_err(|_| "DATABASE_URL is not set: run scripts/demo, which starts PostgreSQL")?;
+    let brokers = std::env::var("KAFKA_BROKERS")
+        .map_err(|_| "KAFKA_BROKERS is not set: run scripts/demo, which starts Kafka")?;
+    let template = std::env::var("OUTBOX_DEMO_TOPIC_TEMPLATE")
+        .unwrap_or_else(|_| outbox_relay::DEFAULT_TOPIC_TEMPLATE.into());
+    let order_topic = template.replace("{aggregate_type}", "order");
+
+    println!("== The shop: two services, a relay, PostgreSQL and Kafka\n");
+    let orders_db = fresh_database(&server, "shop_orders").await?;
+    let billing_db = fresh_database(&server, "shop_billing").await?;
+    services::create_topics(
+        &brokers,
+        &[&order_topic, "shop.shipping", "billing.dead-letter"],
     )
     .await?;
-    db.execute_unprepared("DELETE FROM orders").await?;
-    println!(
-        "== 1. the order service, on {}\n",
-        outbox_relay::redact_url(&url)
-    );
+    let orders_addr = free_address()?;
+    let billing_addr = free_address()?;
+    let mut orders = Service::start(
+        "orders-service",
+        &[],
+        &[("DATABASE_URL", &orders_db), ("ORDERS_ADDR", &orders_addr)],
+    )?;
+    let mut billing = Service::start(
+        "billing-service",
+        &[],
+        &[
+            ("DATABASE_URL", &billing_db),
+            ("KAFKA_BROKERS", &brokers),
+            ("BILLING_ADDR", &billing_addr),
+            ("BILLING_TOPIC", &order_topic),
+        ],
+    )?;
+    let relay_addr = free_address()?;
+    let relay_args = [
+        "run",
+        "--database-url",
+        &orders_db,
+        "--kafka-brokers",
+        &brokers,
+        "--topic-template",
+        &template,
+        "--http-addr",
+        &relay_addr,
+    ];
+    let mut relay = Service::start("shop-relay", &relay_args, &[])?;
+    let http = reqwest::Client::new();
+    let orders_url = format!("http://{orders_addr}");
+    let billing_url = format!("http://{billing_addr}");
+    services::wait_ready(&http, &mut orders, &format!("{orders_url}/healthz")).await?;
+    services::wait_ready(&http, &mut billing, &format!("{billing_url}/healthz")).await?;
+    services::wait_ready(&http, &mut relay, &format!("http://{relay_addr}/readyz")).await?;
+    println!("  orders-service   {orders_url}   database shop_orders: orders + outbox");
+    println!("  billing-service  {billing_url}   database shop_billing: invoices + inbox");
+    println!("  shop-relay       publishes shop_orders' outbox to Kafka at {brokers}");
+    let db = Database::connect(&orders_db).await?;
 
-    let mut recorded = Vec::new();
-    recorded.push(place_order(&db, "o-1", "ada", 1999).await?);
-    recorded.push(place_order(&db, "o-2", "grace", 4500).await?);
-    let err = place_order(&db, "o-1", "mallory", 1).await.unwrap_err();
-    println!("  order o-1 again: rejected ({err});\n    its event was rolled back with it");
-    let txn = db.begin().await?;
-    let events = (
-        OrderShipped {
-            order_id: "o-1".into(),
-            carrier: "dhl".into(),
-        },
-        PaymentCaptured {
-            payment_id: 7,
-            order_id: "o-2".into(),
-        },
-    );
-    recorded.push(events.0.record(&txn).await?);
-    recorded.push(events.1.record(&txn).await?);
-    txn.commit().await?;
-    println!("  o-1 shipped and o-2 paid, in one transaction");
-    println!("\n{}", outbox_relay::status(&url).await?);
+    println!("\n== 1. A customer places an order\n");
+    let ada = place(&http, &orders_url, "ada", 1999).await?;
+    println!("  The order row and its OrderPlaced event committed in one transaction.");
 
-    println!("\n== 2. the relay publishes what committed");
-    relay_all(&url, brokers.as_deref()).await?;
-    println!("{}", outbox_relay::status(&url).await?);
-
-    let Some(brokers) = brokers else {
-        return Ok(());
-    };
-    println!(
-        "\n== 3. the billing service consumes them from Kafka ({brokers}), through its inbox\n"
-    );
-    db.execute_unprepared(
-        "CREATE TABLE IF NOT EXISTS billing_log (event_id uuid PRIMARY KEY, what text NOT NULL)",
+    println!("\n== 2. A bad request is refused, and records nothing\n");
+    let (status, _) = request(
+        &http,
+        "POST",
+        &format!("{orders_url}/orders"),
+        json!({ "customer": "mallory", "total_cents": -5 }),
     )
     .await?;
-    let name = format!("billing-{}", Uuid::now_v7().simple());
-    let deadline = Duration::from_secs(60);
-    let stop = |_| processed(&db, &name, &recorded);
-    tokio::time::timeout(deadline, billing(&db, &brokers, &name, &recorded, stop))
-        .await
-        .map_err(|_| "the consumer did not apply every event within 60 s")??;
+    expect(status == 422, "the bad order was not refused with 422")?;
     println!(
-        "  all {} events applied\n  (each topic keeps its aggregates' order; OrderShipped travels on shop.shipping,\n   so it need not follow OrderPlaced: route events that must stay ordered to one topic)",
-        recorded.len()
+        "  The handler refused before its transaction did anything: the outbox still holds {} event.",
+        outbox_rows(&db).await?
     );
 
+    println!("\n== 3. The relay published the event to Kafka\n");
+    let event_id = event_of(&db, &ada, "OrderPlaced").await?;
+    show_message(&brokers, &order_topic, &event_id).await?;
+
+    println!("\n== 4. Billing consumed it, through its inbox\n");
+    wait_for_invoice(&http, &billing_url, &ada, "open").await?;
+
+    println!("\n== 5. The relay crashes; the shop keeps taking orders\n");
+    relay.kill();
+    println!("  kill -9 shop-relay\n");
+    let grace = place(&http, &orders_url, "grace", 4500).await?;
+    let path = format!("{orders_url}/orders/{ada}/ship");
+    request(&http, "POST", &path, json!({ "carrier": "dhl" })).await?;
+    let path = format!("{orders_url}/orders/{grace}/cancel");
+    request(
+        &http,
+        "POST",
+        &path,
+        json!({ "reason": "found it cheaper" }),
+    )
+    .await?;
+    let status = outbox_relay::status(&orders_db).await?;
     println!(
-        "\n== 4. the relay sends o-1's first event again (as after a crash before marking it)\n"
+        "\n  The events committed with their changes and wait in the outbox: {} unpublished.",
+        status.backlog
     );
+    let (code, _) = request(
+        &http,
+        "GET",
+        &format!("{billing_url}/invoices/{grace}"),
+        Value::Null,
+    )
+    .await?;
+    expect(
+        code == 404,
+        "billing knew of grace's order before the relay was back",
+    )?;
+    println!("\n  The relay restarts and resumes where it stopped:");
+    relay = Service::start("shop-relay", &relay_args, &[])?;
+    services::wait_ready(&http, &mut relay, &format!("http://{relay_addr}/readyz")).await?;
+    wait_for_invoice(&http, &billing_url, &grace, "void").await?;
+    wait_for_backlog(&orders_db, 0).await?;
+    println!(
+        "  Nothing was lost: the outbox is drained, and grace's order was billed, then voided, in order."
+    );
+
+    println!("\n== 6. A message delivered twice is applied once\n");
+    println!(
+        "  A relay that crashes after Kafka acked but before it marked the row sends the event again.\n  As if it had: the outbox row of ada's OrderPlaced is made unpublished.\n"
+    );
+    let stats: Value = http
+        .get(format!("{billing_url}/stats"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let duplicates_before = stats["duplicates"].as_u64().unwrap_or_default();
     db.execute_unprepared(&format!(
-        "UPDATE outbox SET published_at = NULL WHERE id = '{}'",
-        recorded[0]
+        "UPDATE outbox SET published_at = NULL WHERE id = '{event_id}'"
     ))
     .await?;
-    relay_all(&url, Some(&brokers)).await?;
-    // The consumer resumes after its committed offsets: the re-sent message is what is new.
-    let stop = |mut progress: watch::Receiver<Consumed>| async move {
-        let _ = progress.wait_for(|c| c.duplicates > 0).await;
-    };
-    let consumed = tokio::time::timeout(deadline, billing(&db, &brokers, &name, &recorded, stop))
-        .await
-        .map_err(|_| "the re-sent event did not arrive within 60 s")??;
-    if consumed.duplicates != 1 {
-        return Err(format!(
-            "expected the re-sent event to be skipped as a duplicate, got {consumed:?}"
-        )
-        .into());
+    wait_for_backlog(&orders_db, 0).await?;
+    let stats = wait_for_duplicate(&http, &billing_url, duplicates_before).await?;
+    println!("  $ curl {billing_url}/stats\n  200 {stats}");
+    wait_for_invoice(&http, &billing_url, &ada, "open").await?;
+    println!("  The inbox skipped the duplicate: ada was billed once.");
+
+    println!("\n== Done: the services stop gracefully\n");
+    for mut service in [relay, billing, orders] {
+        service.stop()?;
     }
-    println!("  1 duplicate skipped by the inbox: billing applied each event once");
     Ok(())
 }
 
-/// A request handler: the order and its event commit together, or not at all.
-async fn place_order(
-    db: &DatabaseConnection,
-    id: &str,
-    customer: &str,
-    total: i64,
-) -> Result<Uuid, AnyError> {
-    let txn = db.begin().await?;
-    let event = OrderPlaced {
-        order_id: id.into(),
-        customer: customer.into(),
-        total_cents: total,
-    };
-    let event_id = event.record(&txn).await?;
-    insert_order(&txn, &event).await?;
-    txn.commit().await?;
-    println!("  order {id} placed; event {event_id} recorded in the same transaction");
-    Ok(event_id)
+/// The story without services: the order service on SQLite, the relay printing to stdout.
+async fn sqlite_story() -> Result<(), AnyError> {
+    let path = std::env::temp_dir().join(format!("outbox-demo-{}.db", std::process::id()));
+    let url = format!("sqlite://{}?mode=rwc", path.display());
+    println!(
+        "== The shop on SQLite ({}): no broker, so the relay prints what it would publish",
+        path.display()
+    );
+    println!("   (billing consumes from a broker: run scripts/demo without --sqlite to see it)\n");
+    let orders_addr = free_address()?;
+    let mut orders = Service::start(
+        "orders-service",
+        &[],
+        &[("DATABASE_URL", &url), ("ORDERS_ADDR", &orders_addr)],
+    )?;
+    let http = reqwest::Client::new();
+    let orders_url = format!("http://{orders_addr}");
+    services::wait_ready(&http, &mut orders, &format!("{orders_url}/healthz")).await?;
+
+    println!("== 1. Orders, and a bad request that records nothing\n");
+    let ada = place(&http, &orders_url, "ada", 1999).await?;
+    let new_order = format!("{orders_url}/orders");
+    let body = json!({ "customer": "", "total_cents": 10 });
+    let (status, _) = request(&http, "POST", &new_order, body).await?;
+    expect(status == 422, "the bad order was not refused with 422")?;
+    let ship = format!("{orders_url}/orders/{ada}/ship");
+    request(&http, "POST", &ship, json!({ "carrier": "dhl" })).await?;
+    println!(
+        "\n  {}",
+        outbox_relay::status(&url)
+            .await?
+            .to_string()
+            .replace('\n', "\n  ")
+    );
+
+    println!("\n== 2. The relay publishes what committed, one JSON line per event\n");
+    let relay_args = [
+        "run",
+        "--database-url",
+        &url,
+        "--sink",
+        "stdout",
+        "--http-addr",
+        "off",
+    ];
+    let mut relay = Service::start("shop-relay", &relay_args, &[])?;
+    wait_for_backlog(&url, 0).await?;
+    relay.stop()?;
+    println!("  What it printed:");
+    for line in relay.stdout()?.lines() {
+        println!("  {line}");
+    }
+    orders.stop()?;
+    for suffix in ["", "-wal", "-shm", ".relay-lock"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    Ok(())
 }
 
-async fn insert_order(txn: &DatabaseTransaction, o: &OrderPlaced) -> Result<(), AnyError> {
-    let backend = txn.get_database_backend();
-    let sql = match backend {
-        outbox_core::sea_orm::DbBackend::Postgres => {
-            "INSERT INTO orders (id, customer, total_cents) VALUES ($1, $2, $3)"
-        }
-        _ => "INSERT INTO orders (id, customer, total_cents) VALUES (?, ?, ?)",
-    };
-    let values = [
-        o.order_id.clone().into(),
-        o.customer.clone().into(),
-        o.total_cents.into(),
-    ];
-    txn.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+/// A new, empty database `name` on the PostgreSQL server of `server_url`; its URL.
+async fn fresh_database(server_url: &str, name: &str) -> Result<String, AnyError> {
+    let server = Database::connect(server_url).await?;
+    server
+        .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         .await?;
-    Ok(())
+    server
+        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await?;
+    let (base, _) = server_url
+        .rsplit_once('/')
+        .ok_or("DATABASE_URL has no database name")?;
+    Ok(format!("{base}/{name}"))
 }
 
-/// The billing service: a consumer loop that applies each event once, through the inbox.
-/// Runs until `stop`, given the loop's progress, completes.
-/// Events of earlier demo runs on the same Kafka are consumed too, and passed over.
-async fn billing<F>(
-    db: &DatabaseConnection,
-    brokers: &str,
-    name: &str,
-    ours: &[Uuid],
-    stop: impl FnOnce(watch::Receiver<Consumed>) -> F,
-) -> Result<Consumed, AnyError>
-where
-    F: std::future::Future<Output = ()>,
-{
-    let topics = [
-        "outbox.event.order",
-        "shop.shipping",
-        "outbox.event.payment",
-    ];
-    let consumer = KafkaConsumer::new(brokers, &topics, ConsumerOptions::new(name))?;
-    let handler = consumer::handler(|envelope, txn| {
-        let ours = ours.contains(&envelope.id);
-        Box::pin(async move {
-            if !ours {
-                return Ok(());
-            }
-            let what = format!(
-                "{} {}",
-                envelope.event_type,
-                String::from_utf8_lossy(&envelope.payload)
-            );
-            txn.execute_raw(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                "INSERT INTO billing_log (event_id, what) VALUES ($1::text::uuid, $2)",
-                [envelope.id.to_string().into(), what.clone().into()],
-            ))
-            .await?;
-            println!("  applied  key={:<4} {what}", envelope.aggregate_id);
-            Ok(())
-        })
-    });
-    let stop = stop(consumer.progress());
-    Ok(consumer.run(db, handler, stop).await?)
+/// `POST /orders`; the new order's id.
+async fn place(
+    http: &reqwest::Client,
+    orders_url: &str,
+    customer: &str,
+    total_cents: i64,
+) -> Result<String, AnyError> {
+    let body = json!({ "customer": customer, "total_cents": total_cents });
+    let (status, order) = request(http, "POST", &format!("{orders_url}/orders"), body).await?;
+    expect(status == 201, "the order was not created")?;
+    Ok(order["id"]
+        .as_str()
+        .ok_or("the order has no id")?
+        .to_owned())
 }
 
-/// Waits until `consumer` has processed the `events`.
-async fn processed(db: &DatabaseConnection, consumer: &str, events: &[Uuid]) {
-    loop {
-        let row = db
-            .query_one_raw(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                "SELECT count(*) FROM processed_events WHERE consumer = $1 AND event_id::text = ANY($2)",
-                [
-                    consumer.into(),
-                    events.iter().map(Uuid::to_string).collect::<Vec<_>>().into(),
-                ],
-            ))
-            .await
-            .ok()
-            .flatten();
-        let done = row
-            .and_then(|r| r.try_get_by_index::<i64>(0).ok())
-            .unwrap_or(0);
-        if done as usize == events.len() {
-            return;
+/// Sends one request, printing it as a curl command and its answer.
+async fn request(
+    http: &reqwest::Client,
+    method: &str,
+    url: &str,
+    body: Value,
+) -> Result<(u16, Value), AnyError> {
+    let request = match method {
+        "GET" => {
+            println!("  $ curl {url}");
+            http.get(url)
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Runs the relay until the outbox is drained.
-async fn relay_all(url: &str, brokers: Option<&str>) -> Result<(), AnyError> {
-    let config = RelayConfig::new(url);
-    let relay = match brokers {
-        Some(brokers) => Relay::new(config, KafkaSink::new(&KafkaConfig::new(brokers))?),
-        None => Relay::new(config, StdoutSink),
+        _ => {
+            println!("  $ curl -X {method} {url} -d '{body}'");
+            http.post(url).json(&body)
+        }
     };
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while outbox_relay::status(url).await?.backlog > 0 {
+    let response = request.send().await?;
+    let status = response.status().as_u16();
+    let answer: Value = response.json().await?;
+    println!("  {status} {answer}");
+    Ok((status, answer))
+}
+
+fn expect(condition: bool, otherwise: &str) -> Result<(), AnyError> {
+    if condition {
+        Ok(())
+    } else {
+        Err(otherwise.into())
+    }
+}
+
+async fn outbox_rows(db: &DatabaseConnection) -> Result<i64, AnyError> {
+    let row = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT count(*) FROM outbox",
+        ))
+        .await?
+        .ok_or("no count")?;
+    Ok(row.try_get_by_index(0)?)
+}
+
+/// The id of the `event_type` event that order `order_id` recorded.
+async fn event_of(
+    db: &DatabaseConnection,
+    order_id: &str,
+    event_type: &str,
+) -> Result<String, AnyError> {
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            db.get_database_backend(),
+            "SELECT id::text FROM outbox WHERE aggregate_id = $1 AND event_type = $2",
+            [order_id.into(), event_type.into()],
+        ))
+        .await?
+        .ok_or("the event is not in the outbox")?;
+    Ok(row.try_get_by_index(0)?)
+}
+
+/// Reads `topic` from the beginning, as any Kafka client would, and shows the message of event
+/// `event_id`.
+async fn show_message(brokers: &str, topic: &str, event_id: &str) -> Result<(), AnyError> {
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("outbox-demo-{}", std::process::id()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        let Some(message) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let message = message?;
+        let headers: Vec<(String, String)> = message
+            .headers()
+            .map(|headers| {
+                headers
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !headers.iter().any(|(k, v)| k == "id" && v == event_id) {
+            continue;
+        }
+        let text =
+            |bytes: Option<&[u8]>| String::from_utf8_lossy(bytes.unwrap_or_default()).into_owned();
+        println!(
+            "  topic {topic}, partition {}, offset {}",
+            message.partition(),
+            message.offset()
+        );
+        println!(
+            "    key      {}  (the order id: one order's events stay in one partition, in order)",
+            text(message.key())
+        );
+        let headers: Vec<String> = headers.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!("    headers  {}", headers.join(", "));
+        println!("    value    {}", text(message.payload()));
+        return Ok(());
+    }
+    Err(format!("event {event_id} did not reach {topic} within {PATIENCE:?}").into())
+}
+
+/// Asks billing for the invoice of `order_id` until it has status `status`.
+async fn wait_for_invoice(
+    http: &reqwest::Client,
+    billing_url: &str,
+    order_id: &str,
+    status: &str,
+) -> Result<(), AnyError> {
+    let url = format!("{billing_url}/invoices/{order_id}");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let response = http.get(&url).send().await?;
+        let code = response.status().as_u16();
+        let invoice: Value = response.json().await?;
+        if invoice["status"] == status {
+            println!("  $ curl {url}\n  {code} {invoice}");
+            return Ok(());
+        }
         if Instant::now() > deadline {
-            return Err("the relay did not drain the outbox within 60 s".into());
+            return Err(format!(
+                "no {status} invoice for order {order_id} within {PATIENCE:?}: {code} {invoice}"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until billing's consumer loop has skipped one more duplicate than `before`; its stats.
+async fn wait_for_duplicate(
+    http: &reqwest::Client,
+    billing_url: &str,
+    before: u64,
+) -> Result<Value, AnyError> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let stats: Value = http
+            .get(format!("{billing_url}/stats"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        if stats["duplicates"].as_u64() > Some(before) {
+            return Ok(stats);
+        }
+        if Instant::now() > deadline {
+            return Err(
+                format!("billing skipped no duplicate within {PATIENCE:?}: {stats}").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the outbox at `url` has `backlog` unpublished events.
+async fn wait_for_backlog(url: &str, backlog: i64) -> Result<(), AnyError> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = outbox_relay::status(url).await?;
+        if status.backlog == backlog {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "the outbox still has {} unpublished events after {PATIENCE:?}",
+                status.backlog
+            )
+            .into());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    shutdown.cancel();
-    running.await?;
-    Ok(())
 }
