@@ -117,7 +117,8 @@ pub struct ConsumerOptions {
 
 impl ConsumerOptions {
     /// Options for consumer `name`: its inbox name, Kafka group id and Pulsar subscription.
-    /// Defaults: 3 attempts per message, backoff from 100 ms doubling up to 30 s, [`PoisonPolicy::Stop`].
+    /// Defaults: 3 attempts per message, backoff from 100 ms doubling up to 30 s (with jitter, so
+    /// instances that failed together do not retry together), [`PoisonPolicy::Stop`].
     pub fn new(name: impl Into<String>) -> Self {
         ConsumerOptions {
             name: name.into(),
@@ -144,6 +145,18 @@ impl ConsumerOptions {
         self.first_backoff = first;
         self.max_backoff = max.max(first);
         self
+    }
+
+    /// The waits between retries: exponential from the first backoff to the longest, with jitter,
+    /// as the relay backs off (the same crate, `backon`).
+    fn retry_delays(&self) -> impl Iterator<Item = Duration> + Send + use<> {
+        use backon::BackoffBuilder;
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.first_backoff)
+            .with_max_delay(self.max_backoff)
+            .with_jitter()
+            .without_max_times()
+            .build()
     }
 
     /// What to do with poison messages.
@@ -254,7 +267,7 @@ where
             }
         };
         let mut failures = 0;
-        let mut backoff = self.options.first_backoff;
+        let mut backoff = self.options.retry_delays();
         loop {
             let wait = match self.attempt(&envelope).await {
                 Attempt::Applied => {
@@ -267,7 +280,7 @@ where
                 }
                 Attempt::Database(e) => {
                     tracing::warn!(event_id = %envelope.id, %position, error = %e, "inbox database error; retrying");
-                    backoff
+                    backoff.next().unwrap_or(self.options.max_backoff)
                 }
                 Attempt::Handler(e) => {
                     failures += 1;
@@ -285,14 +298,13 @@ where
                         }
                     } else {
                         tracing::warn!(event_id = %envelope.id, %position, attempt = failures, error = %e, "handler failed; retrying");
-                        backoff
+                        backoff.next().unwrap_or(self.options.max_backoff)
                     }
                 }
             };
             if sleep_or_shutdown(wait, shutdown).await {
                 return Verdict::Interrupted;
             }
-            backoff = (backoff * 2).min(self.options.max_backoff);
         }
     }
 
@@ -344,16 +356,16 @@ where
     F: Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
-    let mut backoff = options.first_backoff;
+    let mut backoff = options.retry_delays();
     loop {
         match send().await {
             Ok(()) => return true,
             Err(e) => tracing::warn!(%topic, error = %e, "dead-letter publish failed; retrying"),
         }
-        if sleep_or_shutdown(backoff, shutdown).await {
+        let wait = backoff.next().unwrap_or(options.max_backoff);
+        if sleep_or_shutdown(wait, shutdown).await {
             return false;
         }
-        backoff = (backoff * 2).min(options.max_backoff);
     }
 }
 

@@ -33,8 +33,10 @@
 //!
 //! See `docs/design.md` for the guarantees and how replicas share the work.
 
+#[cfg(feature = "cli")]
 pub mod cli;
 mod config;
+#[cfg(feature = "endpoints")]
 pub mod endpoints;
 pub mod failed;
 mod leases;

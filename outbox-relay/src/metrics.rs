@@ -32,6 +32,7 @@ pub(crate) const SLOT_ACTIVE: &str = "outbox_wal_slot_active";
 
 /// Installs a Prometheus recorder with the relay's histogram buckets and returns its handle
 /// (`handle.render()` is the `/metrics` text). Fails if a recorder is already installed.
+#[cfg(feature = "prometheus")]
 pub fn install_prometheus() -> Result<metrics_exporter_prometheus::PrometheusHandle, String> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     let seconds = [

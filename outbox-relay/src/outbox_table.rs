@@ -164,8 +164,8 @@ pub(crate) struct Outcome {
     Default,
     serde::Serialize,
     serde::Deserialize,
-    clap::ValueEnum,
 )]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
     /// Set `published_at`; a pruning job deletes old rows later.

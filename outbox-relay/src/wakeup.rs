@@ -19,8 +19,8 @@ use tokio::sync::Notify;
     Default,
     serde::Serialize,
     serde::Deserialize,
-    clap::ValueEnum,
 )]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum Wakeup {
     /// Poll every `poll_interval` while idle.
