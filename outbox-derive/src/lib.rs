@@ -10,8 +10,8 @@
 //! struct OrderCreated { order_id: u64, total_cents: i64 }
 //! ```
 //!
-//! The crate is laid out like serde's derive: [`ast`] parses the input, [`attr`] reads the
-//! `#[outbox(...)]` attributes, [`check`] validates them together, and [`expand`] generates code.
+//! The crate is laid out like serde's derive: `ast.rs` parses the input, `attr.rs` reads the
+//! `#[outbox(...)]` attributes, `check.rs` validates them together, and `expand.rs` generates code.
 //! Every attribute error of an input is reported at once, each spanned on its token.
 //!
 //! [outbox-core]: https://docs.rs/outbox-core

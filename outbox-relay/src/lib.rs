@@ -59,7 +59,7 @@ pub use config::{RelayConfig, Source};
 pub use outbox_table::{Mode, PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
 pub use prune::{PRUNE_BATCH, prune};
 pub use redact::{is_secret_key, redact_url};
-pub use relay::Relay;
+pub use relay::{READY_TIMEOUT, Relay};
 pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};
 pub use status::{Status, status};
 pub use wakeup::Wakeup;

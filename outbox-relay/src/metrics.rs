@@ -50,6 +50,7 @@ pub fn install_prometheus() -> Result<metrics_exporter_prometheus::PrometheusHan
     Ok(handle)
 }
 
+#[cfg(feature = "prometheus")]
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_gauge!(BACKLOG, "Events waiting to be published (not parked).");

@@ -1,5 +1,6 @@
 //! Keeping secrets out of logs, errors and printed settings.
 
+#[cfg(feature = "kafka")]
 use std::collections::BTreeMap;
 
 /// `url` with its password and any secret query parameter replaced by `***`, for logs and errors.
@@ -99,6 +100,7 @@ pub fn is_secret_key(key: &str) -> bool {
 }
 
 /// `options` with the values of secret keys replaced by `***`, for printing.
+#[cfg(feature = "kafka")]
 pub fn redact_options(options: &BTreeMap<String, String>) -> BTreeMap<&str, &str> {
     options
         .iter()
@@ -111,6 +113,7 @@ pub fn redact_options(options: &BTreeMap<String, String>) -> BTreeMap<&str, &str
 
 /// `text` with every occurrence of each secret value replaced by `***`: for messages from clients
 /// that may quote a setting back (librdkafka's "invalid value" errors do).
+#[cfg(feature = "kafka")]
 pub fn redact_values<'a>(text: &str, secrets: impl IntoIterator<Item = &'a str>) -> String {
     secrets
         .into_iter()

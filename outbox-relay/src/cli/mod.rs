@@ -6,8 +6,8 @@
 //! URL or file prints one line on stderr (clap's own errors keep their tips) and exits with code 2,
 //! having done nothing.
 //!
-//! One module per command: [`run`], [`migrate`], [`routes`], [`status`], [`failed`]; the clap
-//! types are in [`args`], the printing in [`output`].
+//! One module per command: `run`, `migrate`, `routes`, `status`, `failed`, `wal`; the clap
+//! types are in `args.rs`, the printing in `output.rs`.
 
 mod args;
 mod failed;
