@@ -2,7 +2,6 @@
 
 use crate::{Error, Result, record};
 use sea_orm::DatabaseTransaction;
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::future::Future;
 use uuid::Uuid;
@@ -37,7 +36,10 @@ use uuid::Uuid;
 /// assert_eq!(OrderCreated::EVENT_VERSION, 2);
 /// assert_eq!(event.aggregate_id(), "42");
 /// ```
-pub trait OutboxEvent: Serialize {
+///
+/// Events are stored as JSON through serde: every `Serialize` type can be one, and a type without
+/// `#[derive(Serialize)]` gets one error at its name saying so.
+pub trait OutboxEvent: crate::__private::SerializeEvent {
     /// The aggregate type, such as `order`.
     const AGGREGATE_TYPE: &'static str;
     /// The event type, such as `OrderCreated`. One Rust type per event type.
@@ -128,7 +130,7 @@ impl NewEvent {
     /// span's trace context (`traceparent`, `tracestate`) goes into its headers, through the
     /// globally installed propagator.
     pub fn from_event<E: OutboxEvent + ?Sized>(event: &E) -> Result<Self> {
-        let payload = serde_json::to_value(event).map_err(|source| Error::Serialize {
+        let payload = event.to_json().map_err(|source| Error::Serialize {
             event_type: E::EVENT_TYPE.to_owned(),
             source,
         })?;

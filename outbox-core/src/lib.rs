@@ -161,6 +161,24 @@ pub mod __private {
     pub use inventory;
     pub use std::string::String;
 
+    /// What `OutboxEvent` requires of an event: that serde can make it JSON. Every `Serialize`
+    /// type has it; its diagnostic gives a type without it one error of ours, at its name.
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` cannot be an outbox event: it does not implement `serde::Serialize`",
+        label = "an outbox event is stored as JSON",
+        note = "add `#[derive(serde::Serialize)]` to `{Self}`"
+    )]
+    pub trait SerializeEvent {
+        /// The event as JSON.
+        fn to_json(&self) -> serde_json::Result<serde_json::Value>;
+    }
+
+    impl<T: serde::Serialize + ?Sized> SerializeEvent for T {
+        fn to_json(&self) -> serde_json::Result<serde_json::Value> {
+            serde_json::to_value(self)
+        }
+    }
+
     /// The aggregate id of an event: the `key` field, through `Display`.
     pub fn aggregate_id_of<T: core::fmt::Display + ?Sized>(key: &T) -> String {
         key.to_string()
