@@ -2,8 +2,8 @@
 //! and peak memory.
 
 use crate::setup;
-use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
-use outbox_relay::{Mode, Relay, RelayConfig};
+use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
+use seaorm_outbox_relay::{Mode, Relay, RelayConfig};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;

@@ -3,11 +3,11 @@
 
 use crate::setup;
 use futures::future::BoxFuture;
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::{Database, TransactionTrait};
-use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
-use outbox_relay::sink::{Ack, Message, Sink, SinkError};
-use outbox_relay::{Relay, RelayConfig, Wakeup};
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{Database, TransactionTrait};
+use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
+use seaorm_outbox_relay::sink::{Ack, Message, Sink, SinkError};
+use seaorm_outbox_relay::{Relay, RelayConfig, Wakeup};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -84,7 +84,7 @@ pub async fn measure(
 ) -> Percentiles {
     let db = setup::fresh(base_url).await;
     if wakeup == Wakeup::Notify {
-        sqlx::raw_sql(outbox_relay::wakeup::NOTIFY_TRIGGER_SQL)
+        sqlx::raw_sql(seaorm_outbox_relay::wakeup::NOTIFY_TRIGGER_SQL)
             .execute(&db.pool)
             .await
             .expect("trigger");
@@ -101,10 +101,10 @@ pub async fn measure(
         wal_source = Some(source);
     }
     // Table-less events are what `record` writes in this process while it is set.
-    outbox_core::set_recording(if wal == Some(crate::wal::Backlog::Messages) {
-        outbox_core::Recording::LogicalMessage
+    seaorm_outbox::set_recording(if wal == Some(crate::wal::Backlog::Messages) {
+        seaorm_outbox::Recording::LogicalMessage
     } else {
-        outbox_core::Recording::Table
+        seaorm_outbox::Recording::Table
     });
     config.wakeup = wakeup;
     config.retention = None;
@@ -144,7 +144,7 @@ pub async fn measure(
     }
     shutdown.cancel();
     running.await.unwrap();
-    outbox_core::set_recording(outbox_core::Recording::Table);
+    seaorm_outbox::set_recording(seaorm_outbox::Recording::Table);
     if let Some(source) = &wal_source {
         crate::wal::drop_slot(&db.url, source).await;
     }

@@ -4,10 +4,10 @@
 //! plain read, and mark in a short transaction of its own.
 
 use crate::setup::{self, Db};
-use outbox_relay::Mode;
-use outbox_relay::sink::kafka::KafkaConfig;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use seaorm_outbox_relay::Mode;
+use seaorm_outbox_relay::sink::kafka::KafkaConfig;
 use sqlx::Row;
 use std::time::{Duration, Instant};
 use uuid::Uuid;

@@ -15,8 +15,8 @@ mod setup;
 mod wal;
 
 use clap::Parser;
-use outbox_relay::{Mode, Wakeup};
 use report::{Report, Row};
+use seaorm_outbox_relay::{Mode, Wakeup};
 use std::path::PathBuf;
 
 #[derive(Debug, Parser)]

@@ -2,9 +2,9 @@
 //! sink's overhead is a ratio measured in one run.
 
 use crate::setup;
-use outbox_relay::sink::pulsar::{PulsarConfig, PulsarSink};
-use outbox_relay::{Mode, Relay, RelayConfig};
 use pulsar::{Producer, Pulsar, TokioExecutor, producer};
+use seaorm_outbox_relay::sink::pulsar::{PulsarConfig, PulsarSink};
+use seaorm_outbox_relay::{Mode, Relay, RelayConfig};
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;

@@ -1,8 +1,8 @@
 //! What `record` adds to a business transaction.
 
 use crate::setup;
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::{ConnectionTrait, Database, DbBackend, Statement, TransactionTrait};
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DbBackend, Statement, TransactionTrait};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -22,7 +22,7 @@ enum Extra {
     /// One `SELECT 1`: the cost of any extra statement, the floor for one `record`.
     RoundTrip,
     /// `record` (1) or `record_all` of n events, recorded this way.
-    Events(usize, outbox_core::Recording),
+    Events(usize, seaorm_outbox::Recording),
 }
 
 /// Mean microseconds per transaction: business row alone, with one extra statement, with one
@@ -37,7 +37,7 @@ pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
     .unwrap();
     let mut next = 0u64;
     let mut results = Vec::new();
-    use outbox_core::Recording::{LogicalMessage, Table};
+    use seaorm_outbox::Recording::{LogicalMessage, Table};
     let cases = [
         Extra::Nothing,
         Extra::RoundTrip,
@@ -49,7 +49,7 @@ pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
     ];
     for extra in cases {
         if let Extra::Events(_, recording) = extra {
-            outbox_core::set_recording(recording);
+            seaorm_outbox::set_recording(recording);
         }
         let started = Instant::now();
         for _ in 0..iterations {
@@ -79,7 +79,7 @@ pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
                 }
                 Extra::Events(n, _) => {
                     let batch: Vec<OrderPlaced> = (0..n).map(event).collect();
-                    outbox_core::record_all(&txn, &batch).await.unwrap();
+                    seaorm_outbox::record_all(&txn, &batch).await.unwrap();
                 }
             }
             txn.commit().await.unwrap();
@@ -105,6 +105,6 @@ pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
             started.elapsed().as_secs_f64() * 1e6 / iterations as f64,
         ));
     }
-    outbox_core::set_recording(Table);
+    seaorm_outbox::set_recording(Table);
     results
 }

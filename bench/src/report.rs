@@ -2,7 +2,7 @@
 
 use crate::drain::Resources;
 use crate::latency::Percentiles;
-use outbox_relay::Mode;
+use seaorm_outbox_relay::Mode;
 use serde_json::json;
 use std::fmt::Write;
 

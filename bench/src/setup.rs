@@ -23,10 +23,10 @@ pub async fn fresh(base_url: &str) -> Db {
         .expect("create schema");
     let separator = if base_url.contains('?') { '&' } else { '?' };
     let url = format!("{base_url}{separator}options=-c%20search_path%3D{schema}");
-    let orm = outbox_core::sea_orm::Database::connect(&url)
+    let orm = seaorm_outbox::sea_orm::Database::connect(&url)
         .await
         .expect("connect");
-    outbox_core::migration::migrate(&orm)
+    seaorm_outbox::migration::migrate(&orm)
         .await
         .expect("migrate");
     orm.close().await.ok();

@@ -4,10 +4,10 @@
 
 use crate::setup;
 use futures::future::BoxFuture;
-use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
-use outbox_relay::sink::{Ack, Message, Sink, SinkError};
-use outbox_relay::wal::WalSource;
-use outbox_relay::{Relay, RelayConfig, Source};
+use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
+use seaorm_outbox_relay::sink::{Ack, Message, Sink, SinkError};
+use seaorm_outbox_relay::wal::WalSource;
+use seaorm_outbox_relay::{Relay, RelayConfig, Source};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -64,13 +64,13 @@ pub fn config(url: &str) -> (RelayConfig, WalSource) {
 pub async fn prepare(config: &RelayConfig) {
     let probe = Relay::new(
         config.clone(),
-        outbox_relay::sink::memory::MemorySink::default(),
+        seaorm_outbox_relay::sink::memory::MemorySink::default(),
     );
     probe.check_source().await.expect("prepare the WAL source");
 }
 
 pub async fn drop_slot(url: &str, source: &WalSource) {
-    outbox_relay::wal::drop_source(url, source)
+    seaorm_outbox_relay::wal::drop_source(url, source)
         .await
         .expect("drop the slot");
 }

@@ -14,11 +14,11 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "kafka")]
-//! # async fn f(db: outbox_core::sea_orm::DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
-//! use outbox_core::consumer::{kafka::KafkaConsumer, ConsumerOptions, PoisonPolicy};
-//! use outbox_core::sea_orm::ConnectionTrait;
+//! # async fn f(db: seaorm_outbox::sea_orm::DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
+//! use seaorm_outbox::consumer::{kafka::KafkaConsumer, ConsumerOptions, PoisonPolicy};
+//! use seaorm_outbox::sea_orm::ConnectionTrait;
 //!
-//! #[derive(serde::Serialize, serde::Deserialize, outbox_core::OutboxEvent)]
+//! #[derive(serde::Serialize, serde::Deserialize, seaorm_outbox::OutboxEvent)]
 //! #[outbox(aggregate = "order", key = "order_id")]
 //! struct OrderPlaced { order_id: u64, total_cents: i64 }
 //!
@@ -58,7 +58,7 @@ pub type HandlerError = Box<dyn std::error::Error + Send + Sync>;
 /// before it is passed (Rust infers a closure's lifetimes from where it is written).
 ///
 /// ```
-/// use outbox_core::consumer::handler;
+/// use seaorm_outbox::consumer::handler;
 /// use std::sync::atomic::{AtomicUsize, Ordering};
 ///
 /// let seen = std::sync::Arc::new(AtomicUsize::new(0));
@@ -97,7 +97,7 @@ pub enum PoisonPolicy {
 /// Settings shared by the Kafka and Pulsar loops.
 ///
 /// ```
-/// use outbox_core::consumer::{ConsumerOptions, PoisonPolicy};
+/// use seaorm_outbox::consumer::{ConsumerOptions, PoisonPolicy};
 /// use std::time::Duration;
 ///
 /// let options = ConsumerOptions::new("billing")

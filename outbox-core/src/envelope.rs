@@ -12,13 +12,13 @@ use uuid::Uuid;
 /// Pulsar alike), then decode it into its type:
 ///
 /// ```
-/// use outbox_core::{Envelope, OutboxEvent};
+/// use seaorm_outbox::{Envelope, OutboxEvent};
 ///
 /// #[derive(serde::Serialize, serde::Deserialize, OutboxEvent, Debug, PartialEq)]
 /// #[outbox(aggregate = "order", key = "order_id")]
 /// struct OrderPlaced { order_id: u32 }
 ///
-/// let id = outbox_core::Uuid::now_v7().to_string();
+/// let id = seaorm_outbox::Uuid::now_v7().to_string();
 /// let headers = [
 ///     ("id", id.as_bytes()),
 ///     ("event_type", &b"OrderPlaced"[..]),
@@ -30,7 +30,7 @@ use uuid::Uuid;
 /// assert_eq!(envelope.aggregate_id, "7");
 /// assert_eq!(envelope.headers["traceparent"], "00-abc-def-01");
 /// assert_eq!(envelope.decode::<OrderPlaced>()?, OrderPlaced { order_id: 7 });
-/// # Ok::<(), outbox_core::EnvelopeError>(())
+/// # Ok::<(), seaorm_outbox::EnvelopeError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -1,9 +1,9 @@
-//! The one error type of `outbox_core`.
+//! The one error type of `seaorm_outbox`.
 
 /// Everything that can go wrong while recording events or reading the registry.
 ///
 /// ```
-/// # use outbox_core::Error;
+/// # use seaorm_outbox::Error;
 /// fn describe(e: &Error) -> &'static str {
 ///     match e {
 ///         Error::Serialize { .. } => "the event could not become JSON; nothing was written",
@@ -45,7 +45,7 @@ pub enum Error {
     /// An event's payload is larger than [`max_payload_bytes`](crate::max_payload_bytes) once
     /// serialized: the broker would refuse it. Nothing was written.
     #[error(
-        "event `{event_type}` is {bytes} bytes of JSON, over the limit of {limit} (outbox_core::set_max_payload_bytes)"
+        "event `{event_type}` is {bytes} bytes of JSON, over the limit of {limit} (seaorm_outbox::set_max_payload_bytes)"
     )]
     PayloadTooLarge {
         /// The event type.

@@ -16,11 +16,11 @@ use uuid::Uuid;
 /// | `event_type = "OrderCreated"` | no | defaults to the struct's name |
 /// | `topic = "orders"` | no | a topic that overrides the relay's routing |
 /// | `version = 2` | no | the payload's schema version, default 1 |
-/// | `crate = "path"` | no | the path of `outbox_core` if it was renamed |
+/// | `crate = "path"` | no | the path of `seaorm_outbox` if it was renamed |
 ///
 /// # Example
 /// ```
-/// use outbox_core::OutboxEvent;
+/// use seaorm_outbox::OutboxEvent;
 /// use serde::Serialize;
 ///
 /// #[derive(Serialize, OutboxEvent)]
@@ -62,7 +62,7 @@ pub trait OutboxEvent: crate::__private::SerializeEvent {
     /// The event is serialized when `record` is called; a serialization error writes nothing.
     ///
     /// ```no_run
-    /// # use outbox_core::OutboxEvent;
+    /// # use seaorm_outbox::OutboxEvent;
     /// # use sea_orm::TransactionTrait;
     /// # #[derive(serde::Serialize, OutboxEvent)]
     /// # #[outbox(aggregate = "order", key = "order_id")]
@@ -94,7 +94,7 @@ pub trait OutboxEvent: crate::__private::SerializeEvent {
 /// one statement through [`record_new_events`](crate::record_new_events).
 ///
 /// ```
-/// # use outbox_core::{NewEvent, OutboxEvent};
+/// # use seaorm_outbox::{NewEvent, OutboxEvent};
 /// # #[derive(serde::Serialize, OutboxEvent)]
 /// # #[outbox(aggregate = "order", key = "order_id")]
 /// # struct OrderCreated { order_id: u64 }
@@ -102,7 +102,7 @@ pub trait OutboxEvent: crate::__private::SerializeEvent {
 ///     .with_header("tenant", "acme");
 /// assert_eq!(event.aggregate_id, "7");
 /// assert_eq!(event.payload, serde_json::json!({ "order_id": 7 }));
-/// # Ok::<(), outbox_core::Error>(())
+/// # Ok::<(), seaorm_outbox::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]

@@ -39,16 +39,16 @@ pub enum InboxError<E> {
 /// The processed-events record of one consumer (one name per consuming service or purpose).
 ///
 /// ```no_run
-/// use outbox_core::inbox::{Inbox, Processed};
-/// use outbox_core::sea_orm::ConnectionTrait;
+/// use seaorm_outbox::inbox::{Inbox, Processed};
+/// use seaorm_outbox::sea_orm::ConnectionTrait;
 ///
-/// # async fn f(db: &outbox_core::sea_orm::DatabaseConnection, event_id: outbox_core::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+/// # async fn f(db: &seaorm_outbox::sea_orm::DatabaseConnection, event_id: seaorm_outbox::Uuid) -> Result<(), Box<dyn std::error::Error>> {
 /// let inbox = Inbox::new("billing");
 /// let outcome = inbox
 ///     .process(db, event_id, |txn| {
 ///         Box::pin(async move {
 ///             txn.execute_unprepared("UPDATE accounts SET balance = balance - 1999 WHERE id = 7").await?;
-///             Ok::<_, outbox_core::sea_orm::DbErr>(())
+///             Ok::<_, seaorm_outbox::sea_orm::DbErr>(())
 ///         })
 ///     })
 ///     .await?;

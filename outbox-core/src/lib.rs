@@ -5,7 +5,7 @@
 //! the change and the event commit, or neither does.
 //!
 //! ```no_run
-//! use outbox_core::OutboxEvent;
+//! use seaorm_outbox::OutboxEvent;
 //! use sea_orm::{ConnectionTrait, Database, TransactionTrait};
 //! use serde::Serialize;
 //!
@@ -92,9 +92,9 @@ pub fn max_payload_bytes() -> usize {
 /// (`message.max.bytes` on Kafka) and the relay's `max_payload_bytes`.
 ///
 /// ```
-/// outbox_core::set_max_payload_bytes(4 << 20);
-/// assert_eq!(outbox_core::max_payload_bytes(), 4 << 20);
-/// # outbox_core::set_max_payload_bytes(outbox_core::DEFAULT_MAX_PAYLOAD_BYTES);
+/// seaorm_outbox::set_max_payload_bytes(4 << 20);
+/// assert_eq!(seaorm_outbox::max_payload_bytes(), 4 << 20);
+/// # seaorm_outbox::set_max_payload_bytes(seaorm_outbox::DEFAULT_MAX_PAYLOAD_BYTES);
 /// ```
 pub fn set_max_payload_bytes(limit: usize) {
     MAX_PAYLOAD_BYTES.store(limit, std::sync::atomic::Ordering::Relaxed);
@@ -134,11 +134,11 @@ pub fn recording() -> Recording {
 /// Sets [`recording`] for this process. Call it at start, before the first event is recorded.
 ///
 /// ```
-/// use outbox_core::Recording;
+/// use seaorm_outbox::Recording;
 ///
-/// outbox_core::set_recording(Recording::LogicalMessage);
-/// assert_eq!(outbox_core::recording(), Recording::LogicalMessage);
-/// # outbox_core::set_recording(Recording::Table);
+/// seaorm_outbox::set_recording(Recording::LogicalMessage);
+/// assert_eq!(seaorm_outbox::recording(), Recording::LogicalMessage);
+/// # seaorm_outbox::set_recording(Recording::Table);
 /// ```
 pub fn set_recording(recording: Recording) {
     let value = match recording {
@@ -150,7 +150,7 @@ pub fn set_recording(recording: Recording) {
 
 /// The derive macro; see [`OutboxEvent`](trait@OutboxEvent).
 #[cfg(feature = "derive")]
-pub use outbox_derive::OutboxEvent;
+pub use seaorm_outbox_derive::OutboxEvent;
 
 pub use sea_orm;
 pub use uuid::Uuid;

@@ -9,7 +9,7 @@
 //!
 //! impl MigratorTrait for Migrator {
 //!     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-//!         let mut all = outbox_core::migration::migrations();
+//!         let mut all = seaorm_outbox::migration::migrations();
 //!         // all.push(Box::new(m20260101_create_orders::Migration));
 //!         all
 //!     }
@@ -66,7 +66,7 @@ pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
 /// ```no_run
 /// use sea_orm_migration::MigratorTrait;
 /// # async fn f(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
-/// outbox_core::migration::Migrator::up(db, None).await?;
+/// seaorm_outbox::migration::Migrator::up(db, None).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
@@ -87,7 +87,7 @@ impl MigratorTrait for Migrator {
 ///
 /// ```no_run
 /// # async fn f(db: &sea_orm::DatabaseConnection) -> Result<(), sea_orm::DbErr> {
-/// outbox_core::migration::migrate(db).await?;
+/// seaorm_outbox::migration::migrate(db).await?;
 /// # Ok(()) }
 /// ```
 pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<(), DbErr> {

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 /// Where and how to connect to Pulsar.
 ///
 /// ```no_run
-/// use outbox_core::Secret;
-/// use outbox_core::pulsar_client::{PulsarAuth, PulsarConnection};
+/// use seaorm_outbox::Secret;
+/// use seaorm_outbox::pulsar_client::{PulsarAuth, PulsarConnection};
 ///
 /// # async fn f() -> Result<(), pulsar::Error> {
 /// let mut connection = PulsarConnection::new("pulsar+ssl://pulsar.example.com:6651");

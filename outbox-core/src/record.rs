@@ -16,13 +16,13 @@ use uuid::Uuid;
 /// before anything is inserted, so two `record_all` calls over the same aggregates cannot deadlock.
 ///
 /// ```no_run
-/// # use outbox_core::OutboxEvent;
+/// # use seaorm_outbox::OutboxEvent;
 /// # #[derive(serde::Serialize, OutboxEvent)]
 /// # #[outbox(aggregate = "order", key = "order_id")]
 /// # struct OrderShipped { order_id: u64 }
-/// # async fn f(txn: &sea_orm::DatabaseTransaction) -> outbox_core::Result<()> {
+/// # async fn f(txn: &sea_orm::DatabaseTransaction) -> seaorm_outbox::Result<()> {
 /// let shipped = [OrderShipped { order_id: 1 }, OrderShipped { order_id: 2 }];
-/// let ids = outbox_core::record_all(txn, &shipped).await?;
+/// let ids = seaorm_outbox::record_all(txn, &shipped).await?;
 /// assert_eq!(ids.len(), 2);
 /// # Ok(()) }
 /// ```
@@ -38,19 +38,19 @@ pub fn record_all<'t, E: OutboxEvent>(
 /// Inserts events of any types, built with [`NewEvent::from_event`], with one statement, in order.
 ///
 /// ```no_run
-/// # use outbox_core::{NewEvent, OutboxEvent};
+/// # use seaorm_outbox::{NewEvent, OutboxEvent};
 /// # #[derive(serde::Serialize, OutboxEvent)]
 /// # #[outbox(aggregate = "order", key = "order_id")]
 /// # struct OrderPaid { order_id: u64 }
 /// # #[derive(serde::Serialize, OutboxEvent)]
 /// # #[outbox(aggregate = "invoice", key = "invoice_id")]
 /// # struct InvoiceIssued { invoice_id: u64 }
-/// # async fn f(txn: &sea_orm::DatabaseTransaction) -> outbox_core::Result<()> {
+/// # async fn f(txn: &sea_orm::DatabaseTransaction) -> seaorm_outbox::Result<()> {
 /// let events = vec![
 ///     NewEvent::from_event(&OrderPaid { order_id: 1 })?,
 ///     NewEvent::from_event(&InvoiceIssued { invoice_id: 9 })?.with_header("tenant", "acme"),
 /// ];
-/// outbox_core::record_new_events(txn, events).await?;
+/// seaorm_outbox::record_new_events(txn, events).await?;
 /// # Ok(()) }
 /// ```
 pub async fn record_new_events(

@@ -9,12 +9,12 @@ use crate::{Error, Result};
 /// One event type, as declared by its `#[derive(OutboxEvent)]`.
 ///
 /// ```standalone_crate
-/// # use outbox_core::OutboxEvent;
+/// # use seaorm_outbox::OutboxEvent;
 /// #[derive(serde::Serialize, OutboxEvent)]
 /// #[outbox(aggregate = "cart", key = "cart_id", topic = "carts")]
 /// struct CartEmptied { cart_id: String }
 ///
-/// let reg = outbox_core::registrations()
+/// let reg = seaorm_outbox::registrations()
 ///     .into_iter()
 ///     .find(|r| r.event_type == "CartEmptied")
 ///     .unwrap();
@@ -50,7 +50,7 @@ pub fn registrations() -> Vec<&'static EventRegistration> {
 /// Call it at start-up: a relay or consumer could not tell such events apart.
 ///
 /// ```standalone_crate
-/// outbox_core::check_registrations().expect("one Rust type per event type");
+/// seaorm_outbox::check_registrations().expect("one Rust type per event type");
 /// ```
 pub fn check_registrations() -> Result<()> {
     duplicate(&registrations())

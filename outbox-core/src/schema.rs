@@ -4,12 +4,12 @@
 //! manage their schema elsewhere apply the files in `sql/` themselves.
 //!
 //! ```
-//! use outbox_core::schema;
+//! use seaorm_outbox::schema;
 //! use sea_orm::DbBackend;
 //!
 //! let first = &schema::STEPS[0];
 //! assert!(first.up(DbBackend::Postgres)?.contains("CREATE TABLE IF NOT EXISTS outbox"));
-//! # Ok::<(), outbox_core::Error>(())
+//! # Ok::<(), seaorm_outbox::Error>(())
 //! ```
 
 use crate::{Error, Result};

@@ -6,7 +6,7 @@ use std::fmt;
 /// so a secret cannot reach a log line or an error message by accident.
 ///
 /// ```
-/// use outbox_core::Secret;
+/// use seaorm_outbox::Secret;
 ///
 /// let token = Secret::new("eyJhbGciOi...");
 /// assert_eq!(format!("{token} {token:?}"), "*** Secret(***)");

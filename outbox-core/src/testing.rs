@@ -2,12 +2,12 @@
 //! handler recorded as typed values, and an assertion with a readable failure message.
 //!
 //! No broker is involved: these read the `outbox` table. To run the relay's real routing over what
-//! was recorded, use `outbox_relay::testing::drain` (feature `testing` of `outbox-relay`).
+//! was recorded, use `seaorm_outbox_relay::testing::drain` (feature `testing` of `seaorm-outbox-relay`).
 //!
 //! ```
-//! use outbox_core::testing::{TestDatabase, recorded};
-//! use outbox_core::sea_orm::TransactionTrait;
-//! use outbox_core::{OutboxEvent, assert_recorded};
+//! use seaorm_outbox::testing::{TestDatabase, recorded};
+//! use seaorm_outbox::sea_orm::TransactionTrait;
+//! use seaorm_outbox::{OutboxEvent, assert_recorded};
 //!
 //! #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize, OutboxEvent)]
 //! #[outbox(aggregate = "order", key = "order_id")]
@@ -17,7 +17,7 @@
 //! }
 //!
 //! // The handler under test: its state change and its event, in one transaction.
-//! async fn place_order(db: &outbox_core::sea_orm::DatabaseConnection) -> outbox_core::Result<()> {
+//! async fn place_order(db: &seaorm_outbox::sea_orm::DatabaseConnection) -> seaorm_outbox::Result<()> {
 //!     let txn = db.begin().await?;
 //!     OrderPlaced { order_id: "o-1".into(), total_cents: 1999 }.record(&txn).await?;
 //!     txn.commit().await?;
@@ -291,8 +291,8 @@ where
 /// `Deserialize`, `PartialEq` and `Debug`.
 ///
 /// ```
-/// # use outbox_core::{OutboxEvent, assert_recorded, testing::TestDatabase};
-/// # use outbox_core::sea_orm::TransactionTrait;
+/// # use seaorm_outbox::{OutboxEvent, assert_recorded, testing::TestDatabase};
+/// # use seaorm_outbox::sea_orm::TransactionTrait;
 /// # #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize, OutboxEvent)]
 /// # #[outbox(aggregate = "order", key = "order_id")]
 /// # struct OrderShipped { order_id: u32 }

@@ -150,7 +150,7 @@ fn version(value: &syn::Expr) -> syn::Result<Spanned<i32>> {
 fn crate_path(value: &syn::Expr) -> syn::Result<Path> {
     let lit = string("crate", value)?;
     syn::parse_str::<Path>(&lit.value)
-        .map_err(|_| syn::Error::new(lit.span, "`crate` must be a path such as \"outbox_core\""))
+        .map_err(|_| syn::Error::new(lit.span, "`crate` must be a path such as \"seaorm_outbox\""))
 }
 
 fn literal<T: syn::parse::Parse>(value: &syn::Expr) -> Option<T> {

@@ -1,5 +1,5 @@
 //! Code generation. Generated code names everything through `<crate>::__private`, so users need
-//! no dependency besides `outbox_core`.
+//! no dependency besides `seaorm_outbox`.
 
 use crate::ast::Input;
 use crate::check;
@@ -15,7 +15,7 @@ pub(crate) fn derive(input: &syn::DeriveInput) -> TokenStream {
         .attrs
         .crate_path
         .clone()
-        .unwrap_or_else(|| syn::parse_quote!(::outbox_core));
+        .unwrap_or_else(|| syn::parse_quote!(::seaorm_outbox));
 
     let errors = errors.into_iter().reduce(|mut all, e| {
         all.combine(e);

@@ -1,9 +1,9 @@
 //! `#[derive(OutboxEvent)]`: the derive macro of the [outbox-core] crate.
 //!
-//! Use it through `outbox_core`, which re-exports it under the trait's name:
+//! Use it through `seaorm_outbox`, which re-exports it under the trait's name:
 //!
 //! ```
-//! use outbox_core::OutboxEvent;
+//! use seaorm_outbox::OutboxEvent;
 //!
 //! #[derive(serde::Serialize, OutboxEvent)]
 //! #[outbox(aggregate = "order", key = "order_id")]
@@ -23,7 +23,7 @@ mod expand;
 
 use proc_macro::TokenStream;
 
-/// Derives `outbox_core::OutboxEvent`; see the `outbox_core` documentation for the attributes.
+/// Derives `seaorm_outbox::OutboxEvent`; see the `seaorm_outbox` documentation for the attributes.
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
 pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
     let input = syn::parse_macro_input!(input as syn::DeriveInput);

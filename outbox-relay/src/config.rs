@@ -9,7 +9,7 @@ use std::time::Duration;
 /// How a [`Relay`](crate::Relay) runs. Start from [`RelayConfig::new`] and change what you need.
 ///
 /// ```
-/// use outbox_relay::{Mode, RelayConfig};
+/// use seaorm_outbox_relay::{Mode, RelayConfig};
 /// use std::time::Duration;
 ///
 /// let mut config = RelayConfig::new("postgres://localhost/shop");
@@ -34,7 +34,7 @@ pub struct RelayConfig {
     pub max_batch_bytes: usize,
     /// The largest payload the relay publishes: a row over it is parked (reason `payload too large:
     /// N bytes, over the relay's limit`) without its payload being read. Default 1,000,000, as
-    /// [`outbox_core::DEFAULT_MAX_PAYLOAD_BYTES`]; raise both with the broker's
+    /// [`seaorm_outbox::DEFAULT_MAX_PAYLOAD_BYTES`]; raise both with the broker's
     /// `message.max.bytes`.
     pub max_payload_bytes: usize,
     /// The longest wait between polls while there is nothing to publish. Polling is adaptive: 1 ms
@@ -78,7 +78,7 @@ pub struct RelayConfig {
 /// Where the relay reads events.
 ///
 /// ```
-/// use outbox_relay::{RelayConfig, Source, wal::WalSource};
+/// use seaorm_outbox_relay::{RelayConfig, Source, wal::WalSource};
 ///
 /// let mut config = RelayConfig::new("postgres://localhost/shop");
 /// config.source = Source::Wal(WalSource::default());
@@ -103,7 +103,7 @@ impl RelayConfig {
             database_url: database_url.into(),
             batch_size: 500,
             max_batch_bytes: 16 << 20,
-            max_payload_bytes: outbox_core::DEFAULT_MAX_PAYLOAD_BYTES,
+            max_payload_bytes: seaorm_outbox::DEFAULT_MAX_PAYLOAD_BYTES,
             poll_interval: Duration::from_millis(100),
             mode: Mode::Mark,
             topic_template: DEFAULT_TOPIC_TEMPLATE.to_owned(),

@@ -1,6 +1,6 @@
 //! # outbox-relay
 //!
-//! Publishes the events that [`outbox_core`] recorded, from the `outbox` table to a broker: at
+//! Publishes the events that [`seaorm_outbox`] recorded, from the `outbox` table to a broker: at
 //! least once, in order per aggregate, with any number of replicas against one database.
 //!
 //! The loop ([`Relay::run`], in `relay.rs`): claim the oldest unpublished rows of this replica's
@@ -15,13 +15,13 @@
 //! ```no_run
 //! // use my_events as _;
 //! fn main() -> std::process::ExitCode {
-//!     outbox_relay::cli::main()
+//!     seaorm_outbox_relay::cli::main()
 //! }
 //! ```
 //!
 //! ## Embedding
 //! ```no_run
-//! use outbox_relay::{Relay, RelayConfig, sink::kafka::{KafkaConfig, KafkaSink}};
+//! use seaorm_outbox_relay::{Relay, RelayConfig, sink::kafka::{KafkaConfig, KafkaSink}};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {

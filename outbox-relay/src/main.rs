@@ -2,5 +2,5 @@
 //! `topic` column or the topic template. Build your own three-line binary to link your events.
 
 fn main() -> std::process::ExitCode {
-    outbox_relay::cli::main()
+    seaorm_outbox_relay::cli::main()
 }

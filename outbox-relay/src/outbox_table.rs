@@ -673,8 +673,8 @@ mod tests {
                 let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
                 runtime.block_on(async {
                     let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
-                    let schema = outbox_core::schema::STEPS[0]
-                        .up(outbox_core::sea_orm::DbBackend::Sqlite)
+                    let schema = seaorm_outbox::schema::STEPS[0]
+                        .up(seaorm_outbox::sea_orm::DbBackend::Sqlite)
                         .unwrap();
                     sqlx::raw_sql(schema).execute(&mut conn).await.unwrap();
                     let mut insert = sqlx::query(

@@ -16,7 +16,7 @@ pub const PRUNE_BATCH: i64 = 1000;
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), sqlx::Error> {
-/// let deleted = outbox_relay::prune("postgres://localhost/shop", std::time::Duration::from_secs(7 * 86400)).await?;
+/// let deleted = seaorm_outbox_relay::prune("postgres://localhost/shop", std::time::Duration::from_secs(7 * 86400)).await?;
 /// # Ok(()) }
 /// ```
 pub async fn prune(database_url: &str, retention: Duration) -> Result<u64, sqlx::Error> {

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 /// A URL that does not parse has everything before its last `@` masked.
 ///
 /// ```
-/// use outbox_relay::redact_url;
+/// use seaorm_outbox_relay::redact_url;
 ///
 /// assert_eq!(redact_url("postgres://app:s3cret@db:5432/shop"), "postgres://app:***@db:5432/shop");
 /// assert_eq!(redact_url("postgres://app@db/shop?password=s3cret&sslmode=require"),
@@ -78,7 +78,7 @@ fn redact_unparsed(url: &str) -> String {
 /// parameter such as `password` or `sslpassword`.
 ///
 /// ```
-/// use outbox_relay::is_secret_key;
+/// use seaorm_outbox_relay::is_secret_key;
 ///
 /// assert!(is_secret_key("sasl.password"));
 /// assert!(is_secret_key("sasl.oauthbearer.client.secret"));

@@ -25,7 +25,7 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// aggregate.
 ///
 /// ```no_run
-/// use outbox_relay::{Relay, RelayConfig, sink::stdout::StdoutSink};
+/// use seaorm_outbox_relay::{Relay, RelayConfig, sink::stdout::StdoutSink};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # async fn f() {

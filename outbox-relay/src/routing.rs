@@ -6,7 +6,7 @@
 
 use crate::outbox_table::OutboxRow;
 use crate::sink::Message;
-use outbox_core::EventRegistration;
+use seaorm_outbox::EventRegistration;
 use std::collections::HashMap;
 
 /// Debezium's default route: `outbox.event.` and the aggregate type.
@@ -15,7 +15,7 @@ pub const DEFAULT_TOPIC_TEMPLATE: &str = "outbox.event.{aggregate_type}";
 /// Routes rows to topics and builds their messages.
 ///
 /// ```
-/// use outbox_relay::Router;
+/// use seaorm_outbox_relay::Router;
 ///
 /// let router = Router::new("events.{aggregate_type}", false);
 /// assert_eq!(router.topic_for("order", "SomethingUnregistered", None), Ok("events.order".to_owned()));
@@ -34,7 +34,7 @@ impl Router {
     /// A router over the event types registered in this binary. With `strict`, an event type no
     /// registration knows cannot be routed: its row is parked.
     pub fn new(template: &str, strict: bool) -> Self {
-        let registered = outbox_core::registrations()
+        let registered = seaorm_outbox::registrations()
             .into_iter()
             .map(|r| (r.event_type, r))
             .collect();
@@ -94,7 +94,7 @@ impl Router {
             let stored = stored_headers(stored)?;
             if let Some((name, _)) = stored
                 .iter()
-                .find(|(name, _)| outbox_core::RESERVED_HEADERS.contains(&name.as_str()))
+                .find(|(name, _)| seaorm_outbox::RESERVED_HEADERS.contains(&name.as_str()))
             {
                 return Err(format!(
                     "header `{name}` is reserved: the contract sets it from the row itself"
@@ -186,7 +186,7 @@ mod tests {
                 .unwrap_err()
                 .contains("JSON object")
         );
-        for reserved in outbox_core::RESERVED_HEADERS {
+        for reserved in seaorm_outbox::RESERVED_HEADERS {
             let json = format!(r#"{{"{reserved}": "forged"}}"#);
             let reason = router.message(&row(Some(&json))).unwrap_err();
             assert!(
@@ -247,7 +247,7 @@ mod tests {
                             ("aggregate_type", row.aggregate_type.as_str()),
                             ("event_version", version.as_str()),
                         ]);
-                        prop_assert!(m.headers[4..].iter().all(|(k, _)| !outbox_core::RESERVED_HEADERS.contains(&k.as_str())));
+                        prop_assert!(m.headers[4..].iter().all(|(k, _)| !seaorm_outbox::RESERVED_HEADERS.contains(&k.as_str())));
                         prop_assert_eq!(&m.key, &row.aggregate_id);
                         prop_assert_eq!(&m.payload, &row.payload);
                         prop_assert!(!strict || row.topic.is_some() || router.registered().any(|r| r.event_type == row.event_type));

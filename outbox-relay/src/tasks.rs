@@ -18,7 +18,7 @@ const STOP_WAIT: Duration = Duration::from_secs(10);
 /// Background tasks with one owner; see the module documentation.
 ///
 /// ```
-/// # use outbox_relay::tasks::BackgroundTasks;
+/// # use seaorm_outbox_relay::tasks::BackgroundTasks;
 /// # use tokio_util::sync::CancellationToken;
 /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
 /// let shutdown = CancellationToken::new();

@@ -2,13 +2,13 @@
 //! routing, ordering and parking over a test database into an in-memory sink, until nothing more
 //! can be published. No broker is involved.
 //!
-//! With `outbox_core::testing` (a ready database, `assert_recorded!`), a test goes from a handler
+//! With `seaorm_outbox::testing` (a ready database, `assert_recorded!`), a test goes from a handler
 //! to the messages a consumer would receive:
 //!
 //! ```
-//! use outbox_core::OutboxEvent;
-//! use outbox_core::sea_orm::TransactionTrait;
-//! use outbox_core::testing::TestDatabase;
+//! use seaorm_outbox::OutboxEvent;
+//! use seaorm_outbox::sea_orm::TransactionTrait;
+//! use seaorm_outbox::testing::TestDatabase;
 //!
 //! #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize, OutboxEvent)]
 //! #[outbox(aggregate = "order", key = "order_id", topic = "shop.orders")]
@@ -22,11 +22,11 @@
 //! OrderPlaced { order_id: "o-1".into() }.record(&txn).await?;
 //! txn.commit().await?;
 //!
-//! let drained = outbox_relay::testing::drain(db.url()).await?;
+//! let drained = seaorm_outbox_relay::testing::drain(db.url()).await?;
 //! let [message] = &drained.messages[..] else { panic!("one message: {drained:?}") };
 //! assert_eq!(message.topic, "shop.orders");
 //! assert_eq!(message.key, "o-1");
-//! let envelope = outbox_relay::testing::envelope(message)?; // what a consumer loop hands a handler
+//! let envelope = seaorm_outbox_relay::testing::envelope(message)?; // what a consumer loop hands a handler
 //! assert_eq!(envelope.decode::<OrderPlaced>()?, OrderPlaced { order_id: "o-1".into() });
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
@@ -37,7 +37,7 @@ use crate::outbox_table::OutboxTable;
 use crate::sink::Message;
 use crate::sink::memory::MemorySink;
 use crate::{Relay, RelayConfig};
-use outbox_core::{Envelope, EnvelopeError};
+use seaorm_outbox::{Envelope, EnvelopeError};
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -97,10 +97,10 @@ pub async fn drain(database_url: &str) -> Result<Drained, DrainError> {
 /// ...). Polling runs every 10 ms whatever `poll_interval` says, so tests do not wait.
 ///
 /// ```no_run
-/// # async fn f() -> Result<(), outbox_relay::testing::DrainError> {
-/// let mut config = outbox_relay::RelayConfig::new("sqlite:///tmp/shop.db");
+/// # async fn f() -> Result<(), seaorm_outbox_relay::testing::DrainError> {
+/// let mut config = seaorm_outbox_relay::RelayConfig::new("sqlite:///tmp/shop.db");
 /// config.strict = true; // park event types this binary does not register
-/// let drained = outbox_relay::testing::drain_with(config).await?;
+/// let drained = seaorm_outbox_relay::testing::drain_with(config).await?;
 /// assert!(drained.parked.is_empty(), "{:?}", drained.parked);
 /// # Ok(()) }
 /// ```

@@ -6,7 +6,7 @@
 mod common;
 
 use common::Fixture;
-use outbox_core::sea_orm::ConnectionTrait;
+use seaorm_outbox::sea_orm::ConnectionTrait;
 
 /// The shared buffers (hit or read) the claim of `batch` rows touches, with the relay's session
 /// settings, over all shards, holding back parked aggregates.

@@ -245,7 +245,7 @@ fn the_generic_binary_knows_no_event_types() {
 #[tokio::test]
 async fn status_reports_backlog_parked_and_age() {
     let f = Fixture::new().await;
-    use outbox_core::sea_orm::ConnectionTrait;
+    use seaorm_outbox::sea_orm::ConnectionTrait;
     f.db.execute_unprepared(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at, parked_at) VALUES
            (gen_random_uuid(), 'a', '1', 'E', '{}', now() - interval '90 seconds', NULL),
@@ -273,7 +273,7 @@ async fn status_reports_backlog_parked_and_age() {
 #[tokio::test]
 async fn status_of_an_event_dated_minus_infinity_prints_sensibly() {
     let f = Fixture::new().await;
-    use outbox_core::sea_orm::ConnectionTrait;
+    use seaorm_outbox::sea_orm::ConnectionTrait;
     f.db.execute_unprepared(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) VALUES
            (gen_random_uuid(), 'a', '1', 'E', '{}', '-infinity')",
@@ -311,7 +311,7 @@ fn status_of_an_unreachable_database_fails_with_exit_1() {
 
 #[tokio::test]
 async fn settings_come_from_the_config_file_and_flags_override_them() {
-    use outbox_core::sea_orm::ConnectionTrait;
+    use seaorm_outbox::sea_orm::ConnectionTrait;
     let f = Fixture::new().await;
     f.db.execute_unprepared(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
@@ -328,7 +328,7 @@ async fn settings_come_from_the_config_file_and_flags_override_them() {
 
     // `run` takes the file's sink, batch size, mode and template.
     let mut relay = relay_command()
-        .env("OUTBOX_LOG", "outbox_relay::relay=debug")
+        .env("OUTBOX_LOG", "seaorm_outbox_relay::relay=debug")
         .args(["--config", &file, "run"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

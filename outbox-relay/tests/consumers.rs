@@ -6,17 +6,17 @@
 mod common;
 
 use common::Fixture;
-use outbox_core::consumer::kafka::KafkaConsumer;
-use outbox_core::consumer::pulsar::PulsarConsumer;
-use outbox_core::consumer::{
+use seaorm_outbox::consumer::kafka::KafkaConsumer;
+use seaorm_outbox::consumer::pulsar::PulsarConsumer;
+use seaorm_outbox::consumer::{
     BoxFuture, Consumed, ConsumerError, ConsumerOptions, HandlerError, PoisonPolicy,
 };
-use outbox_core::inbox::Inbox;
-use outbox_core::sea_orm::{
+use seaorm_outbox::inbox::Inbox;
+use seaorm_outbox::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, Statement,
     TransactionTrait,
 };
-use outbox_core::{Envelope, OutboxEvent, Uuid};
+use seaorm_outbox::{Envelope, OutboxEvent, Uuid};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -123,7 +123,7 @@ async fn apply_before_crash(f: &Fixture, consumer: &str, ids: &[Uuid]) {
             })
             .await
             .unwrap();
-        assert_eq!(outcome, outbox_core::inbox::Processed::Applied(()));
+        assert_eq!(outcome, seaorm_outbox::inbox::Processed::Applied(()));
     }
 }
 
@@ -207,7 +207,7 @@ fn applying(
 ) -> impl for<'t> Fn(&'t Envelope, &'t DatabaseTransaction) -> BoxFuture<'t, Result<(), HandlerError>>
 + Send
 + 'static {
-    outbox_core::consumer::handler(move |envelope, txn| Box::pin(apply(envelope, txn, instance)))
+    seaorm_outbox::consumer::handler(move |envelope, txn| Box::pin(apply(envelope, txn, instance)))
 }
 
 /// Runs a Kafka or a Pulsar consumer loop on `topic` until `rx` fires or its progress is
@@ -652,7 +652,7 @@ async fn poison_follows_the_policy(pulsar: bool) {
     let retrying = {
         let (db, topic, calls) = (f.db.clone(), topic.clone(), calls.clone());
         tokio::spawn(async move {
-            let handler = outbox_core::consumer::handler(move |envelope, txn| {
+            let handler = seaorm_outbox::consumer::handler(move |envelope, txn| {
                 calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Box::pin(apply(envelope, txn, "retry"))
             });

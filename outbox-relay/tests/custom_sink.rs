@@ -5,9 +5,9 @@ mod common;
 
 use common::Fixture;
 use futures::future::BoxFuture;
-use outbox_core::sea_orm::ConnectionTrait;
-use outbox_relay::Relay;
-use outbox_relay::sink::{Ack, Message, Sink, SinkError};
+use seaorm_outbox::sea_orm::ConnectionTrait;
+use seaorm_outbox_relay::Relay;
+use seaorm_outbox_relay::sink::{Ack, Message, Sink, SinkError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -166,7 +166,7 @@ async fn a_sink_that_refuses_at_enqueue_fails_each_row_with_its_reason_and_does_
 
 /// Runs a relay with a [`ListSink`] over `config` until `published` events went out.
 async fn publish_with_list(
-    config: outbox_relay::RelayConfig,
+    config: seaorm_outbox_relay::RelayConfig,
     published: usize,
 ) -> Vec<(String, i64)> {
     let sink = ListSink::default();
@@ -210,8 +210,10 @@ async fn rows_whose_created_at_is_not_a_date_do_not_stop_the_claim() {
         "sqlite://{}?mode=rwc",
         outbox_tests::temp_dir().join("shop.db").display()
     );
-    let db = outbox_core::sea_orm::Database::connect(&url).await.unwrap();
-    outbox_core::migration::migrate(&db).await.unwrap();
+    let db = seaorm_outbox::sea_orm::Database::connect(&url)
+        .await
+        .unwrap();
+    seaorm_outbox::migration::migrate(&db).await.unwrap();
     db.execute_unprepared(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) VALUES
            ('0193a000-0000-7000-8000-000000000001', 'cart', 'a', 'E', '{}', 'not a date'),
@@ -219,7 +221,7 @@ async fn rows_whose_created_at_is_not_a_date_do_not_stop_the_claim() {
     )
     .await
     .unwrap();
-    let mut config = outbox_relay::RelayConfig::new(url);
+    let mut config = seaorm_outbox_relay::RelayConfig::new(url);
     config.poll_interval = Duration::from_millis(20);
     let published = publish_with_list(config, 2).await;
     assert_eq!(published.len(), 2, "{published:?}");

@@ -8,16 +8,16 @@ mod common;
 
 use common::Fixture;
 use common::kafka::{Received, brokers, consume};
-use outbox_core::consumer::kafka::KafkaConsumer;
-use outbox_core::consumer::{Consumed, ConsumerOptions, HandlerError};
-use outbox_core::sea_orm::{
-    ConnectionTrait, DatabaseTransaction, DbBackend, Statement, TransactionTrait,
-};
-use outbox_core::{Envelope, NewEvent, OutboxEvent, Uuid};
 use outbox_tests::debezium;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
+use seaorm_outbox::consumer::kafka::KafkaConsumer;
+use seaorm_outbox::consumer::{Consumed, ConsumerOptions, HandlerError};
+use seaorm_outbox::sea_orm::{
+    ConnectionTrait, DatabaseTransaction, DbBackend, Statement, TransactionTrait,
+};
+use seaorm_outbox::{Envelope, NewEvent, OutboxEvent, Uuid};
 use serde::{Deserialize, Serialize};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -39,7 +39,7 @@ struct OrderShipped {
 /// slot and publication.
 struct Connector {
     name: String,
-    db: outbox_core::sea_orm::DatabaseConnection,
+    db: seaorm_outbox::sea_orm::DatabaseConnection,
 }
 
 impl Connector {
@@ -316,7 +316,7 @@ async fn debezium_publishes_recorded_events_under_the_relays_contract() {
         )
         .await;
     };
-    let handler = outbox_core::consumer::handler(|envelope, txn| Box::pin(apply(envelope, txn)));
+    let handler = seaorm_outbox::consumer::handler(|envelope, txn| Box::pin(apply(envelope, txn)));
     let consumed = consumer.run(&f.db, handler, stop).await.unwrap();
     assert_eq!(
         (

@@ -3,7 +3,7 @@
 mod common;
 
 use common::{Fixture, free_port, http_get_when_up};
-use outbox_core::sea_orm::ConnectionTrait;
+use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 #[tokio::test]

@@ -9,8 +9,8 @@ mod common;
 
 use common::kafka::{Received, consume};
 use common::{Fixture, free_port, http_get_when_up};
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -64,7 +64,7 @@ impl Writer {
                         reading
                             .record(&txn)
                             .await
-                            .map_err(|e| outbox_core::sea_orm::DbErr::Custom(e.to_string()))?;
+                            .map_err(|e| seaorm_outbox::sea_orm::DbErr::Custom(e.to_string()))?;
                         txn.commit().await
                     };
                     if attempt.await.is_ok() {
@@ -453,8 +453,8 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
 async fn a_producer_that_delivers_nothing_is_replaced() {
     // It reads back from Kafka, which the other fault tests pause.
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
-    use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink, STUCK_AFTER};
-    use outbox_relay::sink::{Message, send_all};
+    use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink, STUCK_AFTER};
+    use seaorm_outbox_relay::sink::{Message, send_all};
     // The sink's bootstrap address is a proxy that first swallows everything (a broker that
     // stopped answering), then forwards to the real Kafka.
     let proxy = Proxy::start(&common::kafka::brokers()).await;
@@ -465,7 +465,7 @@ async fn a_producer_that_delivers_nothing_is_replaced() {
     let sink = KafkaSink::new(&config).unwrap();
     let first = sink.producer();
     let mut message = Message::example();
-    message.topic = format!("t{}.order", outbox_core::Uuid::now_v7().simple());
+    message.topic = format!("t{}.order", seaorm_outbox::Uuid::now_v7().simple());
     let batch = [message];
     for n in 1..=STUCK_AFTER {
         assert!(send_all(&sink, &batch).await[0].is_err());

@@ -6,9 +6,9 @@ mod common;
 
 use common::Fixture;
 use futures::future::BoxFuture;
-use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
-use outbox_relay::sink::{Ack, Message, Sink, SinkError};
-use outbox_relay::{Relay, RelayConfig};
+use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use seaorm_outbox_relay::sink::{Ack, Message, Sink, SinkError};
+use seaorm_outbox_relay::{Relay, RelayConfig};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -111,8 +111,10 @@ async fn parked(db: &DatabaseConnection, backend: DbBackend) -> Vec<(String, Str
 async fn sqlite_rows_of_the_wrong_types_are_parked_one_by_one_and_the_rest_flows() {
     let path = outbox_tests::temp_dir().join("shop.db");
     let url = format!("sqlite://{}?mode=rwc", path.display());
-    let db = outbox_core::sea_orm::Database::connect(&url).await.unwrap();
-    outbox_core::migration::migrate(&db).await.unwrap();
+    let db = seaorm_outbox::sea_orm::Database::connect(&url)
+        .await
+        .unwrap();
+    seaorm_outbox::migration::migrate(&db).await.unwrap();
     // SQLite keeps whatever a hand-written row stores: each of these used to fail every claim.
     // (seq, id, aggregate, event_version, payload): the aggregate `held` waits behind its bad row.
     db.execute_unprepared(

@@ -6,10 +6,10 @@ mod common;
 
 use common::Fixture;
 use common::kafka::{Received, brokers, consume};
-use outbox_core::sea_orm::{ConnectionTrait, TransactionTrait};
-use outbox_core::{Envelope, NewEvent, OutboxEvent, Uuid};
-use outbox_relay::Relay;
-use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
+use seaorm_outbox::sea_orm::{ConnectionTrait, TransactionTrait};
+use seaorm_outbox::{Envelope, NewEvent, OutboxEvent, Uuid};
+use seaorm_outbox_relay::Relay;
+use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -159,7 +159,7 @@ async fn derived_and_hand_written_events_reach_kafka_as_documented() {
 
     // The hand-written row: value is the stored JSON, byte for byte.
     let stored: String = {
-        use outbox_core::sea_orm::{DbBackend, Statement};
+        use seaorm_outbox::sea_orm::{DbBackend, Statement};
         f.db.query_one_raw(Statement::from_string(
             DbBackend::Postgres,
             format!("SELECT payload::text FROM outbox WHERE id = '{invoice_id}'"),

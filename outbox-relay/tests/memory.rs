@@ -5,7 +5,7 @@
 mod common;
 
 use common::Fixture;
-use outbox_core::sea_orm::ConnectionTrait;
+use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 /// 200 rows of 900 kB: 180 MB, far more than a batch may hold.

@@ -5,11 +5,11 @@
 mod common;
 
 use common::kafka::{brokers, consume};
-use outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
-use outbox_relay::sink::{Message, send_all};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
+use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
+use seaorm_outbox_relay::sink::{Message, send_all};
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
@@ -67,7 +67,7 @@ async fn keys_land_on_the_partitions_the_java_client_chooses() {
         .map(|n| format!("order-{n}"))
         .chain(["42", "customer:7", "ünïcode", ""].map(String::from))
         .collect();
-    let run = outbox_core::Uuid::now_v7().simple().to_string();
+    let run = seaorm_outbox::Uuid::now_v7().simple().to_string();
     let (ours, java) = (format!("t{run}.relay"), format!("t{run}.java"));
     create_topic(&ours).await;
     create_topic(&java).await;

@@ -5,9 +5,9 @@ mod common;
 
 use common::Fixture;
 use futures::future::BoxFuture;
-use outbox_core::sea_orm::ConnectionTrait;
-use outbox_relay::Relay;
-use outbox_relay::sink::{Ack, Message, Sink, SinkError};
+use seaorm_outbox::sea_orm::ConnectionTrait;
+use seaorm_outbox_relay::Relay;
+use seaorm_outbox_relay::sink::{Ack, Message, Sink, SinkError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;

@@ -6,7 +6,7 @@ mod common;
 
 use common::kafka::{Received, consume};
 use common::{Fixture, relay_command};
-use outbox_core::sea_orm::ConnectionTrait;
+use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 /// Rows of `aggregate` with payloads `{"n": n}`; the ones in `poison` are 2 MB, over Kafka's

@@ -4,7 +4,7 @@
 mod common;
 
 use common::Fixture;
-use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use std::time::Duration;
 
 async fn fill(f: &Fixture, published_days_ago: i32, count: i32) {
@@ -29,7 +29,7 @@ async fn prune_deletes_only_published_rows_past_retention() {
     .await
     .unwrap();
 
-    let deleted = outbox_relay::prune(&f.url, Duration::from_secs(7 * 86400))
+    let deleted = seaorm_outbox_relay::prune(&f.url, Duration::from_secs(7 * 86400))
         .await
         .unwrap();
     assert_eq!(deleted, 3500);
@@ -117,9 +117,9 @@ async fn the_claim_uses_the_partial_index_before_the_table_was_ever_analyzed() {
 async fn a_claim_prepared_on_an_empty_table_stays_cheap_when_it_fills() {
     let f = Fixture::new().await;
     let shards: Vec<String> = (0..256).map(|s| s.to_string()).collect();
-    let claim = outbox_relay::POSTGRES_CLAIM_SQL.replace("$1", "$1::smallint[]");
+    let claim = seaorm_outbox_relay::POSTGRES_CLAIM_SQL.replace("$1", "$1::smallint[]");
     let txn = f.db.begin().await.unwrap();
-    txn.execute_unprepared(outbox_relay::POSTGRES_SESSION_SQL)
+    txn.execute_unprepared(seaorm_outbox_relay::POSTGRES_SESSION_SQL)
         .await
         .unwrap();
     txn.execute_unprepared(&format!(

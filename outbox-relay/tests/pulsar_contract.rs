@@ -6,8 +6,8 @@ mod common;
 
 use common::Fixture;
 use common::pulsar::{Received, consume, topic, url};
-use outbox_core::sea_orm::TransactionTrait;
-use outbox_core::{Envelope, NewEvent, OutboxEvent, Uuid};
+use seaorm_outbox::sea_orm::TransactionTrait;
+use seaorm_outbox::{Envelope, NewEvent, OutboxEvent, Uuid};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;

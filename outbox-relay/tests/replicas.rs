@@ -6,8 +6,8 @@ mod common;
 
 use common::Fixture;
 use common::kafka::{Received, consume};
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ async fn write_all(f: &Fixture) {
                         })
                         .collect();
                     let txn = db.begin().await.unwrap();
-                    outbox_core::record_all(&txn, &events).await.unwrap();
+                    seaorm_outbox::record_all(&txn, &events).await.unwrap();
                     txn.commit().await.unwrap();
                 }
             }

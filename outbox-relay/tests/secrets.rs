@@ -54,14 +54,14 @@ impl Printed {
 async fn no_secret_reaches_any_output() {
     let s = secure();
     let f = Fixture::new().await;
-    let secret = format!("Zq9leak{}", outbox_core::Uuid::now_v7().simple());
+    let secret = format!("Zq9leak{}", seaorm_outbox::Uuid::now_v7().simple());
     f.db.execute_unprepared(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
          SELECT gen_random_uuid(), 'secure', 'k' || g, 'Made', '{}' FROM generate_series(1, 5) g",
     )
     .await
     .unwrap();
-    use outbox_core::sea_orm::ConnectionTrait;
+    use seaorm_outbox::sea_orm::ConnectionTrait;
 
     // Nothing listens there: a failing database.
     let closed = free_port();

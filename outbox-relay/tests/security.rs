@@ -9,12 +9,12 @@ mod common;
 
 use common::secure::{Relay, Secure, oidc_provider, secure};
 use common::{Fixture, http_get_when_up};
-use outbox_core::Secret;
-use outbox_core::consumer::ConsumerOptions;
-use outbox_core::consumer::kafka::KafkaConsumer;
-use outbox_core::consumer::pulsar::PulsarConsumer;
-use outbox_core::pulsar_client::{PulsarAuth, PulsarConnection};
-use outbox_core::sea_orm::ConnectionTrait;
+use seaorm_outbox::Secret;
+use seaorm_outbox::consumer::ConsumerOptions;
+use seaorm_outbox::consumer::kafka::KafkaConsumer;
+use seaorm_outbox::consumer::pulsar::PulsarConsumer;
+use seaorm_outbox::pulsar_client::{PulsarAuth, PulsarConnection};
+use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -198,7 +198,7 @@ async fn kafka_over_sasl_ssl_with_plain() {
 #[tokio::test]
 async fn kafka_over_sasl_ssl_with_oauthbearer_oidc() {
     let s = secure();
-    let secret = format!("oidc-{}", outbox_core::Uuid::now_v7().simple());
+    let secret = format!("oidc-{}", seaorm_outbox::Uuid::now_v7().simple());
     let (issuer, issued) = oidc_provider("relay-client", &secret, &s.user, None).await;
     let endpoint = format!("{issuer}token");
     let args = kafka_args(
@@ -387,7 +387,7 @@ async fn a_topic_the_relay_may_not_write_or_that_does_not_exist_parks_only_its_r
         "the missing topic's row is not parked"
     );
     let reasons: Vec<String> = {
-        use outbox_core::sea_orm::{DbBackend, Statement};
+        use seaorm_outbox::sea_orm::{DbBackend, Statement};
         f.db.query_all_raw(Statement::from_string(
             DbBackend::Postgres,
             "SELECT last_error FROM outbox WHERE parked_at IS NOT NULL ORDER BY aggregate_id",
@@ -404,12 +404,15 @@ async fn a_topic_the_relay_may_not_write_or_that_does_not_exist_parks_only_its_r
 
 /// Runs a consumer loop until it has applied every event, then stops it.
 async fn consume_all<F>(
-    mut progress: tokio::sync::watch::Receiver<outbox_core::consumer::Consumed>,
+    mut progress: tokio::sync::watch::Receiver<seaorm_outbox::consumer::Consumed>,
     run: impl FnOnce(futures::future::BoxFuture<'static, ()>) -> F,
-) -> outbox_core::consumer::Consumed
+) -> seaorm_outbox::consumer::Consumed
 where
     F: std::future::Future<
-            Output = Result<outbox_core::consumer::Consumed, outbox_core::consumer::ConsumerError>,
+            Output = Result<
+                seaorm_outbox::consumer::Consumed,
+                seaorm_outbox::consumer::ConsumerError,
+            >,
         >,
 {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -535,7 +538,7 @@ async fn pulsar_with_oauth2_client_credentials_over_tls() {
     let f = Fixture::new().await;
     record(&f).await;
     // The provider issues the broker-signed token; the relay gets it with its client credentials.
-    let secret = format!("oauth-{}", outbox_core::Uuid::now_v7().simple());
+    let secret = format!("oauth-{}", seaorm_outbox::Uuid::now_v7().simple());
     let (issuer, issued) = oidc_provider(
         "relay-client",
         &secret,

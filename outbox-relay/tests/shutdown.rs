@@ -5,7 +5,7 @@ mod common;
 
 use common::Fixture;
 use common::kafka::consume;
-use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement};
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement};
 use std::collections::HashSet;
 use std::time::Duration;
 

@@ -1,10 +1,10 @@
 //! A single relay on SQLite, end to end: the binary migrates the database, the application records
-//! events with `outbox_core`, and `outbox-relay run --sink stdout` prints each committed event once.
+//! events with `seaorm_outbox`, and `outbox-relay run --sink stdout` prints each committed event once.
 
 mod common;
 
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::{Database, TransactionTrait};
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{Database, TransactionTrait};
 use serde::Serialize;
 use std::io::{BufRead, BufReader};
 use std::process::Stdio;
@@ -48,7 +48,7 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
     OrderPlaced { order_id: 99 }.record(&txn).await.unwrap();
     txn.rollback().await.unwrap();
     // A row a non-Rust producer wrote with a payload that is not JSON: parked, never printed.
-    use outbox_core::sea_orm::ConnectionTrait;
+    use seaorm_outbox::sea_orm::ConnectionTrait;
     db.execute_unprepared(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
          VALUES ('0193a000-0000-7000-8000-000000000001', 'order', 'bad', 'OrderPlaced', '{not json')",

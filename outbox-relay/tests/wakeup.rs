@@ -4,11 +4,11 @@
 mod common;
 
 use common::Fixture;
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::TransactionTrait;
-use outbox_relay::Relay;
-use outbox_relay::Wakeup;
-use outbox_relay::sink::memory::MemorySink;
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::TransactionTrait;
+use seaorm_outbox_relay::Relay;
+use seaorm_outbox_relay::Wakeup;
+use seaorm_outbox_relay::sink::memory::MemorySink;
 use serde::Serialize;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;

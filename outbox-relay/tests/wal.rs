@@ -11,10 +11,10 @@ mod common;
 use common::kafka::{Received, consume};
 use common::wal::WalFixture;
 use common::{Fixture, relay_command};
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
-use outbox_relay::sink::memory::MemorySink;
-use outbox_relay::{Relay, Source};
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use seaorm_outbox_relay::sink::memory::MemorySink;
+use seaorm_outbox_relay::{Relay, Source};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,7 +66,7 @@ impl Writer {
                         reading
                             .record(&txn)
                             .await
-                            .map_err(|e| outbox_core::sea_orm::DbErr::Custom(e.to_string()))?;
+                            .map_err(|e| seaorm_outbox::sea_orm::DbErr::Custom(e.to_string()))?;
                         txn.commit().await
                     };
                     if attempt.await.is_ok() {
@@ -277,7 +277,7 @@ async fn events_go_out_in_commit_order_across_concurrent_writers() {
                     meter: format!("m-{meter}"),
                     n: writer * 1000 + step,
                 });
-                outbox_core::record_all(&txn, &pair).await.unwrap();
+                seaorm_outbox::record_all(&txn, &pair).await.unwrap();
                 txn.commit().await.unwrap();
             }
         }));

@@ -7,8 +7,8 @@ mod common;
 use common::kafka::consume;
 use common::relay_command;
 use common::wal::WalFixture;
-use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
-use outbox_core::{NewEvent, OutboxEvent, Recording};
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use seaorm_outbox::{NewEvent, OutboxEvent, Recording};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -23,7 +23,7 @@ struct Reading {
 }
 
 fn table_less() {
-    outbox_core::set_recording(Recording::LogicalMessage);
+    seaorm_outbox::set_recording(Recording::LogicalMessage);
 }
 
 #[tokio::test]
@@ -43,7 +43,7 @@ async fn table_less_events_are_published_under_the_contract_and_rollbacks_emit_n
         .unwrap()
         .with_header("tenant", "acme");
         ids.extend(
-            outbox_core::record_new_events(&txn, vec![event])
+            seaorm_outbox::record_new_events(&txn, vec![event])
                 .await
                 .unwrap(),
         );
@@ -66,7 +66,7 @@ async fn table_less_events_are_published_under_the_contract_and_rollbacks_emit_n
             n,
         })
         .collect();
-    ids.extend(outbox_core::record_all(&txn, &batch).await.unwrap());
+    ids.extend(seaorm_outbox::record_all(&txn, &batch).await.unwrap());
     txn.commit().await.unwrap();
 
     let received = consume(&[&w.f.topic("meter")], 25, Duration::from_secs(60)).await;
@@ -128,7 +128,7 @@ async fn the_relay_killed_ten_times_while_table_less_events_are_recorded_loses_n
                         n,
                     })
                     .collect();
-                outbox_core::record_all(&txn, &batch).await.unwrap();
+                seaorm_outbox::record_all(&txn, &batch).await.unwrap();
                 txn.commit().await.unwrap();
                 t += 1;
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -199,8 +199,8 @@ async fn a_poison_table_less_event_is_parked_as_a_row() {
         meter: "m-1".into(),
         n: 2,
     };
-    outbox_core::record_all(&txn, &[big]).await.unwrap();
-    outbox_core::record_all(&txn, &[small]).await.unwrap();
+    seaorm_outbox::record_all(&txn, &[big]).await.unwrap();
+    seaorm_outbox::record_all(&txn, &[small]).await.unwrap();
     txn.commit().await.unwrap();
     let received = consume(&[&w.f.topic("meter")], 1, Duration::from_secs(60)).await;
     assert_eq!(received[0].key, "m-1");

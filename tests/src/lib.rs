@@ -77,7 +77,7 @@ pub async fn empty(backend: Backend) -> DatabaseConnection {
 /// A connection to a fresh database of `backend` with the outbox schema and an `orders` table.
 pub async fn database(backend: Backend) -> DatabaseConnection {
     let db = empty(backend).await;
-    outbox_core::migration::migrate(&db)
+    seaorm_outbox::migration::migrate(&db)
         .await
         .expect("outbox migrations");
     db.execute_unprepared("CREATE TABLE orders (id TEXT PRIMARY KEY, total_cents BIGINT NOT NULL)")
@@ -106,7 +106,7 @@ pub fn temp_dir() -> PathBuf {
 }
 
 fn uuid_suffix() -> String {
-    outbox_core::Uuid::now_v7().simple().to_string()
+    seaorm_outbox::Uuid::now_v7().simple().to_string()
 }
 
 /// Counts rows with a query returning one integer column `n`.

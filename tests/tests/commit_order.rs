@@ -4,11 +4,11 @@
 //! Commit order is read from PostgreSQL itself: `pg_xact_commit_timestamp(xmin)` of each outbox
 //! row (the test cluster runs with `track_commit_timestamp=on`).
 
-use outbox_core::sea_orm::{
+use outbox_tests::{Backend, count, database};
+use seaorm_outbox::sea_orm::{
     ConnectionTrait, DatabaseConnection, DbBackend, Statement, TransactionTrait,
 };
-use outbox_core::{NewEvent, OutboxEvent, Uuid};
-use outbox_tests::{Backend, count, database};
+use seaorm_outbox::{NewEvent, OutboxEvent, Uuid};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
@@ -190,7 +190,7 @@ async fn many_concurrent_writers_keep_commit_order_per_aggregate() {
                         })
                         .unwrap()
                     });
-                    outbox_core::record_new_events(&txn, events.into())
+                    seaorm_outbox::record_new_events(&txn, events.into())
                         .await
                         .unwrap();
                 } else {

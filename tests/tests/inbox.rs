@@ -1,9 +1,9 @@
 //! The inbox on real PostgreSQL and SQLite: each event's effect applied exactly once per consumer.
 
-use outbox_core::Uuid;
-use outbox_core::inbox::{Inbox, InboxError, Processed};
-use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement};
 use outbox_tests::{Backend, count, database};
+use seaorm_outbox::Uuid;
+use seaorm_outbox::inbox::{Inbox, InboxError, Processed};
+use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, DbErr, Statement};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -1,11 +1,11 @@
 //! `record` and `record_all` on real PostgreSQL and SQLite (file and in-memory): atomic with the
 //! business change, stored exactly as declared.
 
-use outbox_core::sea_orm::{
+use outbox_tests::{Backend, count, database};
+use seaorm_outbox::sea_orm::{
     ConnectionTrait, DatabaseConnection, DatabaseTransaction, Statement, TransactionTrait,
 };
-use outbox_core::{Error, NewEvent, OutboxEvent, Uuid};
-use outbox_tests::{Backend, count, database};
+use seaorm_outbox::{Error, NewEvent, OutboxEvent, Uuid};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -49,11 +49,11 @@ fn order_created() -> OrderCreated {
 async fn insert_order(
     txn: &DatabaseTransaction,
     id: &str,
-) -> Result<(), outbox_core::sea_orm::DbErr> {
+) -> Result<(), seaorm_outbox::sea_orm::DbErr> {
     txn.execute_raw(Statement::from_sql_and_values(
         txn.get_database_backend(),
         match txn.get_database_backend() {
-            outbox_core::sea_orm::DbBackend::Postgres => {
+            seaorm_outbox::sea_orm::DbBackend::Postgres => {
                 "INSERT INTO orders (id, total_cents) VALUES ($1, 1999)"
             }
             _ => "INSERT INTO orders (id, total_cents) VALUES (?, 1999)",
@@ -81,7 +81,7 @@ struct Row {
 
 async fn rows(db: &DatabaseConnection) -> Vec<Row> {
     // Text casts give one query for both backends.
-    let pg = db.get_database_backend() == outbox_core::sea_orm::DbBackend::Postgres;
+    let pg = db.get_database_backend() == seaorm_outbox::sea_orm::DbBackend::Postgres;
     let sql = if pg {
         "SELECT id::text AS id, seq, aggregate_type, aggregate_id, event_type, event_version, topic, \
          payload::text AS payload, headers::text AS headers, published_at IS NOT NULL AS published \
@@ -210,7 +210,7 @@ async fn serialization_failure_writes_nothing(db: DatabaseConnection) {
     );
     // Nothing was written, even inside the still-open transaction.
     assert_eq!(count(&txn, "SELECT COUNT(*) AS n FROM outbox").await, 0);
-    let err = outbox_core::record_all(&txn, &[bad]).await.unwrap_err();
+    let err = seaorm_outbox::record_all(&txn, &[bad]).await.unwrap_err();
     assert!(matches!(err, Error::Serialize { .. }), "{err:?}");
     txn.commit().await.unwrap();
     assert_eq!(count(&db, "SELECT COUNT(*) AS n FROM outbox").await, 0);
@@ -245,9 +245,9 @@ async fn record_all_writes_every_row_in_order(db: DatabaseConnection) {
         })
         .collect();
     let txn = db.begin().await.unwrap();
-    let ids = outbox_core::record_all(&txn, &events).await.unwrap();
+    let ids = seaorm_outbox::record_all(&txn, &events).await.unwrap();
     assert!(
-        outbox_core::record_all::<OrderShipped>(&txn, &[])
+        seaorm_outbox::record_all::<OrderShipped>(&txn, &[])
             .await
             .unwrap()
             .is_empty()
@@ -267,7 +267,7 @@ async fn record_all_writes_every_row_in_order(db: DatabaseConnection) {
 async fn mixed_events_and_headers(db: DatabaseConnection) {
     let created = order_created();
     let txn = db.begin().await.unwrap();
-    let ids = outbox_core::record_new_events(
+    let ids = seaorm_outbox::record_new_events(
         &txn,
         vec![
             NewEvent::from_event(&created)
@@ -305,17 +305,17 @@ async fn mixed_events_and_headers(db: DatabaseConnection) {
 }
 
 async fn reserved_headers_are_refused_and_nothing_is_written(db: DatabaseConnection) {
-    for name in outbox_core::RESERVED_HEADERS {
+    for name in seaorm_outbox::RESERVED_HEADERS {
         let txn = db.begin().await.unwrap();
         let good = NewEvent::from_event(&order_created()).unwrap();
         let forged = NewEvent::from_event(&order_created())
             .unwrap()
             .with_header(name, "forged");
-        let error = outbox_core::record_new_events(&txn, vec![good, forged])
+        let error = seaorm_outbox::record_new_events(&txn, vec![good, forged])
             .await
             .unwrap_err();
         assert!(
-            matches!(&error, outbox_core::Error::ReservedHeader { name: n, .. } if n == name),
+            matches!(&error, seaorm_outbox::Error::ReservedHeader { name: n, .. } if n == name),
             "{error}"
         );
         txn.commit().await.unwrap();
@@ -324,8 +324,8 @@ async fn reserved_headers_are_refused_and_nothing_is_written(db: DatabaseConnect
 }
 
 async fn oversize_payloads_are_refused_and_nothing_is_written(db: DatabaseConnection) {
-    let limit = outbox_core::max_payload_bytes();
-    assert_eq!(limit, outbox_core::DEFAULT_MAX_PAYLOAD_BYTES);
+    let limit = seaorm_outbox::max_payload_bytes();
+    assert_eq!(limit, seaorm_outbox::DEFAULT_MAX_PAYLOAD_BYTES);
     let mut huge = order_created();
     huge.customer = "x".repeat(limit);
     let txn = db.begin().await.unwrap();
@@ -342,7 +342,7 @@ async fn oversize_payloads_are_refused_and_nothing_is_written(db: DatabaseConnec
         NewEvent::from_event(&order_created()).unwrap(),
         NewEvent::from_event(&huge).unwrap(),
     ];
-    let error = outbox_core::record_new_events(&txn, batch)
+    let error = seaorm_outbox::record_new_events(&txn, batch)
         .await
         .unwrap_err();
     assert!(matches!(error, Error::PayloadTooLarge { .. }), "{error}");
@@ -360,7 +360,7 @@ async fn oversize_payloads_are_refused_and_nothing_is_written(db: DatabaseConnec
 
 #[test]
 fn registry_lists_every_derived_type_of_this_binary() {
-    let found: Vec<(&str, &str, Option<&str>, i32)> = outbox_core::registrations()
+    let found: Vec<(&str, &str, Option<&str>, i32)> = seaorm_outbox::registrations()
         .into_iter()
         .filter(|r| r.rust_type.starts_with("record::"))
         .map(|r| (r.event_type, r.aggregate_type, r.topic, r.version))
@@ -373,10 +373,10 @@ fn registry_lists_every_derived_type_of_this_binary() {
             ("order.shipped", "order", Some("shipping"), 3),
         ]
     );
-    let created = outbox_core::registrations()
+    let created = seaorm_outbox::registrations()
         .into_iter()
         .find(|r| r.event_type == "OrderCreated")
         .unwrap();
     assert_eq!(created.rust_type, "record::OrderCreated");
-    outbox_core::check_registrations().expect("no event type registered twice");
+    seaorm_outbox::check_registrations().expect("no event type registered twice");
 }

@@ -2,8 +2,8 @@
 //! the same tables, columns and indexes, on PostgreSQL and on SQLite; and that schema is the one
 //! documented (column names outside tools rely on, the partial index the relay's claim uses).
 
-use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use outbox_tests::{Backend, empty, postgres_schema};
+use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
 use std::path::Path;
 
 /// Applies the shipped SQL files of `dialect` in order, as a team with its own tooling would.
@@ -138,7 +138,7 @@ fn assert_same_and_documented<'a>(a: &'a Described, b: &Described) -> &'a [Optio
 #[tokio::test]
 async fn postgres_migration_and_sql_files_agree() {
     let (migrated, migrated_schema) = postgres_schema().await;
-    outbox_core::migration::migrate(&migrated).await.unwrap();
+    seaorm_outbox::migration::migrate(&migrated).await.unwrap();
     let (plain, plain_schema) = postgres_schema().await;
     apply_sql_files(&plain, "postgres").await;
 
@@ -179,7 +179,7 @@ async fn postgres_migration_and_sql_files_agree() {
 #[tokio::test]
 async fn sqlite_migration_and_sql_files_agree() {
     let migrated = empty(Backend::SqliteFile).await;
-    outbox_core::migration::migrate(&migrated).await.unwrap();
+    seaorm_outbox::migration::migrate(&migrated).await.unwrap();
     let plain = empty(Backend::SqliteFile).await;
     apply_sql_files(&plain, "sqlite").await;
 
@@ -197,10 +197,10 @@ async fn sqlite_migration_and_sql_files_agree() {
 #[tokio::test]
 async fn migrations_are_idempotent_and_reversible() {
     let (db, _) = postgres_schema().await;
-    outbox_core::migration::migrate(&db).await.unwrap();
-    outbox_core::migration::migrate(&db).await.unwrap();
-    use outbox_core::migration::Migrator;
+    seaorm_outbox::migration::migrate(&db).await.unwrap();
+    seaorm_outbox::migration::migrate(&db).await.unwrap();
     use sea_orm_migration::MigratorTrait;
+    use seaorm_outbox::migration::Migrator;
     Migrator::down(&db, None).await.unwrap();
     let left = text_rows(
         &db,

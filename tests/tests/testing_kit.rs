@@ -1,10 +1,10 @@
-//! The test kit itself (`outbox_core::testing`, `outbox_relay::testing`), on PostgreSQL and SQLite:
+//! The test kit itself (`seaorm_outbox::testing`, `seaorm_outbox_relay::testing`), on PostgreSQL and SQLite:
 //! what it reads back is what was recorded, a transaction's events are seen inside it and by
 //! nobody else before the commit, and a drain waits for the whole backlog and stops at poison.
 
-use outbox_core::sea_orm::{ConnectionTrait, TransactionTrait};
-use outbox_core::testing::{RecordedEvent, TestDatabase, recorded, recorded_events};
-use outbox_core::{NewEvent, OutboxEvent, assert_recorded};
+use seaorm_outbox::sea_orm::{ConnectionTrait, TransactionTrait};
+use seaorm_outbox::testing::{RecordedEvent, TestDatabase, recorded, recorded_events};
+use seaorm_outbox::{NewEvent, OutboxEvent, assert_recorded};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, OutboxEvent)]
@@ -91,7 +91,7 @@ async fn recorded_events_reads_back_every_column_and_sees_only_what_the_reader_m
             "{backend:?}"
         );
 
-        let drained = outbox_relay::testing::drain(db.url()).await.unwrap();
+        let drained = seaorm_outbox_relay::testing::drain(db.url()).await.unwrap();
         assert_eq!(drained.on_topic("kit.carts").count(), 1, "{backend:?}");
         assert!(
             recorded_events(&db).await.unwrap()[0].published,
@@ -110,12 +110,14 @@ async fn a_drain_waits_for_a_backlog_of_many_batches_and_keeps_each_aggregates_o
             })
             .collect();
         let txn = db.begin().await.unwrap();
-        outbox_core::record_all(&txn, &events).await.unwrap();
+        seaorm_outbox::record_all(&txn, &events).await.unwrap();
         txn.commit().await.unwrap();
 
-        let mut config = outbox_relay::RelayConfig::new(db.url());
+        let mut config = seaorm_outbox_relay::RelayConfig::new(db.url());
         config.batch_size = 50; // 60 batches: more than one wake-up of the drain's loop
-        let drained = outbox_relay::testing::drain_with(config).await.unwrap();
+        let drained = seaorm_outbox_relay::testing::drain_with(config)
+            .await
+            .unwrap();
         assert_eq!(drained.messages.len(), 3000);
         for cart in 0..7 {
             let seqs: Vec<i64> = drained
@@ -148,12 +150,12 @@ async fn a_drain_returns_parked_events_and_leaves_their_aggregates_waiting() {
         cart_id: 2,
         sku: "beside".into(),
     };
-    outbox_core::record_all(&txn, &[behind, beside])
+    seaorm_outbox::record_all(&txn, &[behind, beside])
         .await
         .unwrap();
     txn.commit().await.unwrap();
 
-    let drained = outbox_relay::testing::drain(db.url()).await.unwrap();
+    let drained = seaorm_outbox_relay::testing::drain(db.url()).await.unwrap();
     let keys: Vec<&str> = drained.messages.iter().map(|m| m.key.as_str()).collect();
     assert_eq!(keys, ["2"], "only the other cart's event goes out");
     let [parked] = &drained.parked[..] else {

@@ -5,9 +5,9 @@
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use outbox_tests::{Backend, database};
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use serde::Serialize;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;

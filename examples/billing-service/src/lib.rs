@@ -14,13 +14,13 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
-use outbox_core::consumer::{Consumed, HandlerError};
-use outbox_core::sea_orm::{
+use sea_orm::sea_query::Expr;
+use seaorm_outbox::consumer::{Consumed, HandlerError};
+use seaorm_outbox::sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbErr,
     EntityTrait, QueryFilter, Set,
 };
-use outbox_core::{Envelope, OutboxEvent};
-use sea_orm::sea_query::Expr;
+use seaorm_outbox::{Envelope, OutboxEvent};
 use serde_json::json;
 use shop_events::{OrderCancelled, OrderPlaced};
 use tokio::sync::watch;
@@ -33,7 +33,7 @@ pub const CONSUMER: &str = "billing";
 
 /// Creates the service's tables (the invoices, and the inbox's `processed_events`) if missing.
 pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
-    outbox_core::migration::migrate(db).await?;
+    seaorm_outbox::migration::migrate(db).await?;
     db.execute_unprepared(
         "CREATE TABLE IF NOT EXISTS invoices (
              order_id     TEXT PRIMARY KEY,

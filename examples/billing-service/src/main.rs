@@ -5,8 +5,8 @@
 //! hand is finished, its offset committed.
 
 use billing_service::{CONSUMER, ORDER_TOPIC};
-use outbox_core::consumer::kafka::KafkaConsumer;
-use outbox_core::consumer::{ConsumerOptions, PoisonPolicy};
+use seaorm_outbox::consumer::kafka::KafkaConsumer;
+use seaorm_outbox::consumer::{ConsumerOptions, PoisonPolicy};
 use std::process::ExitCode;
 use tokio_util::sync::CancellationToken;
 
@@ -61,7 +61,7 @@ async fn serve(
         billing_service::app(db.clone(), consumer.progress()),
     )
     .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let handler = outbox_core::consumer::handler(|envelope, txn| {
+    let handler = seaorm_outbox::consumer::handler(|envelope, txn| {
         Box::pin(billing_service::apply(envelope, txn))
     });
     let consuming = consumer.run(&db, handler, shutdown.clone().cancelled_owned());

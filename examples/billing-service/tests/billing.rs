@@ -6,10 +6,10 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use billing_service::{CONSUMER, ORDER_TOPIC, apply, invoice};
 use http_body_util::BodyExt;
-use outbox_core::consumer::Consumed;
-use outbox_core::inbox::{Inbox, Processed};
-use outbox_core::sea_orm::EntityTrait;
-use outbox_core::testing::TestDatabase;
+use seaorm_outbox::consumer::Consumed;
+use seaorm_outbox::inbox::{Inbox, Processed};
+use seaorm_outbox::sea_orm::EntityTrait;
+use seaorm_outbox::testing::TestDatabase;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -35,11 +35,11 @@ async fn call(app: axum::Router, method: &str, path: &str, body: Value) -> (Stat
 /// applied and how many were duplicates.
 async fn deliver(
     billing: &TestDatabase,
-    drained: &outbox_relay::testing::Drained,
+    drained: &seaorm_outbox_relay::testing::Drained,
 ) -> (usize, usize) {
     let (mut applied, mut duplicates) = (0, 0);
     for message in drained.on_topic(ORDER_TOPIC) {
-        let envelope = outbox_relay::testing::envelope(message).expect("an envelope");
+        let envelope = seaorm_outbox_relay::testing::envelope(message).expect("an envelope");
         let id = envelope.id;
         let outcome = Inbox::new(CONSUMER)
             .process(billing, id, move |txn| {
@@ -92,7 +92,7 @@ async fn each_order_is_billed_once_and_a_cancelled_order_is_voided() {
     .await;
     assert_eq!(status, StatusCode::OK);
 
-    let drained = outbox_relay::testing::drain(orders.url())
+    let drained = seaorm_outbox_relay::testing::drain(orders.url())
         .await
         .expect("drain");
     assert!(drained.parked.is_empty(), "{:?}", drained.parked);
@@ -132,7 +132,7 @@ async fn each_order_is_billed_once_and_a_cancelled_order_is_voided() {
 async fn an_order_placed_event_that_does_not_decode_fails_and_applies_nothing() {
     let billing = TestDatabase::sqlite().await.unwrap();
     billing_service::migrate(&billing).await.unwrap();
-    let id = outbox_core::Uuid::now_v7().to_string();
+    let id = seaorm_outbox::Uuid::now_v7().to_string();
     let headers = [
         ("id", id.as_bytes()),
         ("event_type", &b"OrderPlaced"[..]),
@@ -140,7 +140,7 @@ async fn an_order_placed_event_that_does_not_decode_fails_and_applies_nothing() 
         ("event_version", &b"1"[..]),
     ];
     let envelope =
-        outbox_core::Envelope::from_parts(Some(b"o-9"), headers, br#"{"order_id": 9}"#).unwrap();
+        seaorm_outbox::Envelope::from_parts(Some(b"o-9"), headers, br#"{"order_id": 9}"#).unwrap();
     let id = envelope.id;
     let outcome = Inbox::new(CONSUMER)
         .process(&billing, id, move |txn| {

@@ -15,10 +15,10 @@
 
 mod services;
 
-use outbox_core::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
+use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 use serde_json::{Value, json};
 use services::{Service, free_address};
 use std::time::{Duration, Instant};
@@ -47,7 +47,7 @@ async fn story() -> Result<(), AnyError> {
     let brokers = std::env::var("KAFKA_BROKERS")
         .map_err(|_| "KAFKA_BROKERS is not set: run scripts/demo, which starts Kafka")?;
     let template = std::env::var("OUTBOX_DEMO_TOPIC_TEMPLATE")
-        .unwrap_or_else(|_| outbox_relay::DEFAULT_TOPIC_TEMPLATE.into());
+        .unwrap_or_else(|_| seaorm_outbox_relay::DEFAULT_TOPIC_TEMPLATE.into());
     let order_topic = template.replace("{aggregate_type}", "order");
 
     println!("== The shop: two services, a relay, PostgreSQL and Kafka\n");
@@ -138,7 +138,7 @@ async fn story() -> Result<(), AnyError> {
         json!({ "reason": "found it cheaper" }),
     )
     .await?;
-    let status = outbox_relay::status(&orders_db).await?;
+    let status = seaorm_outbox_relay::status(&orders_db).await?;
     println!(
         "\n  The events committed with their changes and wait in the outbox: {} unpublished.",
         status.backlog
@@ -220,7 +220,7 @@ async fn sqlite_story() -> Result<(), AnyError> {
     request(&http, "POST", &ship, json!({ "carrier": "dhl" })).await?;
     println!(
         "\n  {}",
-        outbox_relay::status(&url)
+        seaorm_outbox_relay::status(&url)
             .await?
             .to_string()
             .replace('\n', "\n  ")
@@ -450,7 +450,7 @@ async fn wait_for_duplicate(
 async fn wait_for_backlog(url: &str, backlog: i64) -> Result<(), AnyError> {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let status = outbox_relay::status(url).await?;
+        let status = seaorm_outbox_relay::status(url).await?;
         if status.backlog == backlog {
             return Ok(());
         }

@@ -46,8 +46,8 @@ impl From<sea_orm::DbErr> for ApiError {
     }
 }
 
-impl From<outbox_core::Error> for ApiError {
-    fn from(e: outbox_core::Error) -> Self {
+impl From<seaorm_outbox::Error> for ApiError {
+    fn from(e: seaorm_outbox::Error) -> Self {
         ApiError::Internal(format!("recording the event: {e}"))
     }
 }

@@ -19,12 +19,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use error::{ApiError, Body};
-use outbox_core::OutboxEvent;
-use outbox_core::sea_orm::{
+use sea_orm::sea_query::Expr;
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{
     ActiveModelTrait, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait,
     QueryFilter, Set, TransactionTrait,
 };
-use sea_orm::sea_query::Expr;
 use serde::Deserialize;
 use shop_events::{OrderCancelled, OrderPlaced, OrderShipped};
 
@@ -43,7 +43,7 @@ pub fn app(db: DatabaseConnection) -> Router {
 
 /// Creates the service's tables (the orders, and the outbox schema) if they are missing.
 pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
-    outbox_core::migration::migrate(db).await?;
+    seaorm_outbox::migration::migrate(db).await?;
     db.execute_unprepared(
         "CREATE TABLE IF NOT EXISTS orders (
              id          TEXT PRIMARY KEY,
@@ -96,7 +96,7 @@ async fn place_order(
             request.total_cents
         )));
     }
-    let id = outbox_core::Uuid::now_v7().to_string();
+    let id = seaorm_outbox::Uuid::now_v7().to_string();
 
     let txn = db.begin().await?;
     let placed = order::ActiveModel {

@@ -4,8 +4,8 @@
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use outbox_core::assert_recorded;
-use outbox_core::testing::{TestDatabase, recorded, recorded_events};
+use seaorm_outbox::assert_recorded;
+use seaorm_outbox::testing::{TestDatabase, recorded, recorded_events};
 use serde_json::{Value, json};
 use shop_events::{OrderCancelled, OrderPlaced, OrderShipped};
 use tower::ServiceExt;
@@ -70,13 +70,15 @@ async fn placing_an_order_records_order_placed_in_its_transaction() {
     assert_eq!(order["total_cents"], 1999);
 
     // What the relay publishes for it: the order topic, keyed by the order id.
-    let drained = outbox_relay::testing::drain(db.url()).await.expect("drain");
+    let drained = seaorm_outbox_relay::testing::drain(db.url())
+        .await
+        .expect("drain");
     let [message] = &drained.messages[..] else {
         panic!("one message: {drained:?}")
     };
     assert_eq!(message.topic, "outbox.event.order");
     assert_eq!(message.key, id);
-    let envelope = outbox_relay::testing::envelope(message).expect("an envelope");
+    let envelope = seaorm_outbox_relay::testing::envelope(message).expect("an envelope");
     assert_eq!(envelope.decode::<OrderPlaced>().unwrap().customer, "ada");
 }
 
@@ -154,7 +156,9 @@ async fn shipping_records_order_shipped_once_and_a_shipped_order_cannot_be_cance
     assert!(cancelled.is_empty(), "{cancelled:?}");
 
     // The shipping event has a topic of its own (`#[outbox(topic = "shop.shipping")]`).
-    let drained = outbox_relay::testing::drain(db.url()).await.expect("drain");
+    let drained = seaorm_outbox_relay::testing::drain(db.url())
+        .await
+        .expect("drain");
     let topics: Vec<&str> = drained.messages.iter().map(|m| m.topic.as_str()).collect();
     assert_eq!(topics, ["outbox.event.order", "shop.shipping"]);
 }

@@ -1,7 +1,7 @@
 //! The events of an example shop. Services record them; the shop's relay links this crate so it
 //! knows their topics; consumers decode them.
 
-use outbox_core::OutboxEvent;
+use seaorm_outbox::OutboxEvent;
 use serde::{Deserialize, Serialize};
 
 /// A customer placed an order.

@@ -4,5 +4,5 @@
 use shop_events as _;
 
 fn main() -> std::process::ExitCode {
-    outbox_relay::cli::main()
+    seaorm_outbox_relay::cli::main()
 }

@@ -38,8 +38,8 @@ impl Envelope {
 /// Consumes outbox events from Kafka topics into the inbox. See [the module](super).
 ///
 /// ```no_run
-/// # async fn f(db: outbox_core::sea_orm::DatabaseConnection) -> Result<(), outbox_core::consumer::ConsumerError> {
-/// use outbox_core::consumer::{kafka::KafkaConsumer, ConsumerOptions};
+/// # async fn f(db: seaorm_outbox::sea_orm::DatabaseConnection) -> Result<(), seaorm_outbox::consumer::ConsumerError> {
+/// use seaorm_outbox::consumer::{kafka::KafkaConsumer, ConsumerOptions};
 ///
 /// let consumer = KafkaConsumer::new("127.0.0.1:9092", &["outbox.event.order"], ConsumerOptions::new("billing"))?;
 /// let consumed = consumer

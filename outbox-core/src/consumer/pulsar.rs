@@ -38,8 +38,8 @@ impl Envelope {
 /// Consumes outbox events from Pulsar topics into the inbox. See [the module](super).
 ///
 /// ```no_run
-/// # async fn f(db: outbox_core::sea_orm::DatabaseConnection) -> Result<(), outbox_core::consumer::ConsumerError> {
-/// use outbox_core::consumer::{pulsar::PulsarConsumer, ConsumerOptions};
+/// # async fn f(db: seaorm_outbox::sea_orm::DatabaseConnection) -> Result<(), seaorm_outbox::consumer::ConsumerError> {
+/// use seaorm_outbox::consumer::{pulsar::PulsarConsumer, ConsumerOptions};
 ///
 /// let consumer = PulsarConsumer::new(
 ///     "pulsar://127.0.0.1:6650",
@@ -90,10 +90,10 @@ impl PulsarConsumer {
     /// [`new`](Self::new) does.
     ///
     /// ```no_run
-    /// # async fn f() -> Result<(), outbox_core::consumer::ConsumerError> {
-    /// use outbox_core::consumer::{pulsar::PulsarConsumer, ConsumerOptions};
-    /// use outbox_core::pulsar_client::{PulsarAuth, PulsarConnection};
-    /// use outbox_core::Secret;
+    /// # async fn f() -> Result<(), seaorm_outbox::consumer::ConsumerError> {
+    /// use seaorm_outbox::consumer::{pulsar::PulsarConsumer, ConsumerOptions};
+    /// use seaorm_outbox::pulsar_client::{PulsarAuth, PulsarConnection};
+    /// use seaorm_outbox::Secret;
     ///
     /// let mut connection = PulsarConnection::new("pulsar+ssl://127.0.0.1:6651");
     /// connection.auth = Some(PulsarAuth::Token(Secret::new(std::fs::read_to_string("/run/secrets/pulsar-token").unwrap().trim())));

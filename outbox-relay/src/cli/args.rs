@@ -106,7 +106,7 @@ pub(super) struct Select {
     pub all: bool,
     /// An event id; repeat for more.
     #[arg(long = "id", value_name = "UUID")]
-    pub ids: Vec<outbox_core::Uuid>,
+    pub ids: Vec<seaorm_outbox::Uuid>,
     /// The parked events of one aggregate, as TYPE:ID.
     #[arg(long, value_name = "TYPE:ID", value_parser = aggregate)]
     pub aggregate: Option<(String, String)>,

@@ -24,8 +24,8 @@ pub(super) async fn migrate(
     })
 }
 
-async fn apply(url: &str, notify_trigger: bool) -> Result<(), outbox_core::sea_orm::DbErr> {
-    use outbox_core::sea_orm::{ConnectOptions, ConnectionTrait, Database};
+async fn apply(url: &str, notify_trigger: bool) -> Result<(), seaorm_outbox::sea_orm::DbErr> {
+    use seaorm_outbox::sea_orm::{ConnectOptions, ConnectionTrait, Database};
     let (url, timeout) = crate::outbox_table::connect_timeout(url);
     let mut options = ConnectOptions::new(url);
     options
@@ -33,7 +33,7 @@ async fn apply(url: &str, notify_trigger: bool) -> Result<(), outbox_core::sea_o
         .connect_timeout(timeout)
         .acquire_timeout(timeout);
     let db = Database::connect(options).await?;
-    outbox_core::migration::migrate(&db).await?;
+    seaorm_outbox::migration::migrate(&db).await?;
     if notify_trigger {
         db.execute_unprepared(NOTIFY_TRIGGER_SQL).await?;
     }

@@ -33,7 +33,7 @@ pub(crate) struct UsageError(pub String);
 /// ```no_run
 /// // use my_events as _;   // links your event types' registrations
 /// fn main() -> std::process::ExitCode {
-///     outbox_relay::cli::main()
+///     seaorm_outbox_relay::cli::main()
 /// }
 /// ```
 pub fn main() -> ExitCode {

@@ -14,7 +14,7 @@ pub(super) async fn run(
 ) -> Result<ExitCode, UsageError> {
     let config = settings.relay_config()?;
     let sink_config = settings.sink_config()?;
-    outbox_core::check_registrations().map_err(|e| UsageError(e.to_string()))?;
+    seaorm_outbox::check_registrations().map_err(|e| UsageError(e.to_string()))?;
     // The settings in effect, secrets masked: what an operator needs to see at start.
     tracing::debug!(relay = ?config, sink = ?sink_config, "settings");
     let sink = sink_config.build().map_err(|e| UsageError(e.to_string()))?;

@@ -9,7 +9,7 @@ use crate::outbox_table::Mode;
 use crate::sink::SinkConfig;
 use crate::wakeup::Wakeup;
 use clap::{Args, ValueEnum};
-use outbox_core::Secret;
+use seaorm_outbox::Secret;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -419,7 +419,7 @@ impl Settings {
             }
             #[cfg(feature = "pulsar")]
             SinkKind::Pulsar => {
-                use outbox_core::pulsar_client::PulsarAuth;
+                use seaorm_outbox::pulsar_client::PulsarAuth;
                 let url = sink.url.clone().unwrap_or_default();
                 if url.trim().is_empty() {
                     return Err(UsageError(

@@ -29,7 +29,7 @@ use tokio::sync::watch;
 /// The Kafka sink's settings.
 ///
 /// ```
-/// # use outbox_relay::sink::kafka::KafkaConfig;
+/// # use seaorm_outbox_relay::sink::kafka::KafkaConfig;
 /// let mut config = KafkaConfig::new("broker-1.example.com:9093");
 /// config.options.insert("security.protocol".into(), "SASL_SSL".into());
 /// config.options.insert("sasl.mechanism".into(), "SCRAM-SHA-512".into());
@@ -68,7 +68,7 @@ impl KafkaConfig {
     /// The relay's producer settings: the contract's (idempotence, `acks=all`), then `options`.
     ///
     /// ```
-    /// # use outbox_relay::sink::kafka::KafkaConfig;
+    /// # use seaorm_outbox_relay::sink::kafka::KafkaConfig;
     /// let settings = KafkaConfig::new("127.0.0.1:9092").producer_settings();
     /// assert_eq!(settings["enable.idempotence"], "true");
     /// assert_eq!(settings["acks"], "all");

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 /// Records every published message. Clones share the same record.
 ///
 /// ```
-/// # use outbox_relay::sink::{Message, Sink, memory::MemorySink};
+/// # use seaorm_outbox_relay::sink::{Message, Sink, memory::MemorySink};
 /// # futures::executor::block_on(async {
 /// let sink = MemorySink::default();
 /// sink.fail_keys(["13"]);

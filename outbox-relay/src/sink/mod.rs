@@ -41,7 +41,7 @@ impl Message {
     /// The value of header `name`, if present.
     ///
     /// ```
-    /// # let message = outbox_relay::sink::Message::example();
+    /// # let message = seaorm_outbox_relay::sink::Message::example();
     /// assert_eq!(message.header("event_type"), Some("OrderCreated"));
     /// ```
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -160,7 +160,7 @@ pub type Ack = BoxFuture<'static, Result<(), SinkError>>;
 ///
 /// ```
 /// use futures::future::{BoxFuture, FutureExt};
-/// use outbox_relay::sink::{Ack, Message, Sink, SinkError};
+/// use seaorm_outbox_relay::sink::{Ack, Message, Sink, SinkError};
 ///
 /// struct HttpSink { endpoint: String }
 ///
@@ -237,7 +237,7 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
 /// rules (a message after a failed one of its key is still sent).
 ///
 /// ```
-/// # use outbox_relay::sink::{Message, memory::MemorySink, send_all};
+/// # use seaorm_outbox_relay::sink::{Message, memory::MemorySink, send_all};
 /// # futures::executor::block_on(async {
 /// let sink = MemorySink::default();
 /// let results = send_all(&sink, &[Message::example(), Message::example()]).await;
@@ -263,7 +263,7 @@ pub async fn send_all(sink: &dyn Sink, batch: &[Message]) -> Vec<Result<(), Sink
 /// and the `[sink]` table of the config file; an embedding program builds it in code.
 ///
 /// ```
-/// use outbox_relay::sink::{SinkConfig, kafka::KafkaConfig};
+/// use seaorm_outbox_relay::sink::{SinkConfig, kafka::KafkaConfig};
 ///
 /// let mut kafka = KafkaConfig::new("127.0.0.1:9092");
 /// kafka.options.insert("linger.ms".into(), "1".into());

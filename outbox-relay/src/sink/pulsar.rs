@@ -14,10 +14,10 @@
 
 use super::{Ack, Message, Sink, SinkError};
 use futures::future::{BoxFuture, FutureExt};
-use outbox_core::pulsar_client::PulsarConnection;
 use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
 use pulsar::message::proto::ServerError;
 use pulsar::{ConnectionRetryOptions, Producer, ProducerOptions, Pulsar, TokioExecutor, producer};
+use seaorm_outbox::pulsar_client::PulsarConnection;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,8 +26,8 @@ use tokio::sync::Mutex;
 /// The Pulsar sink's settings.
 ///
 /// ```
-/// use outbox_core::{Secret, pulsar_client::PulsarAuth};
-/// use outbox_relay::sink::pulsar::PulsarConfig;
+/// use seaorm_outbox::{Secret, pulsar_client::PulsarAuth};
+/// use seaorm_outbox_relay::sink::pulsar::PulsarConfig;
 ///
 /// let mut config = PulsarConfig::new("pulsar+ssl://pulsar.example.com:6651");
 /// config.connection.auth = Some(PulsarAuth::Token(Secret::new("eyJhbGciOi...")));
@@ -86,7 +86,7 @@ impl PulsarConfig {
     /// route already names a full Pulsar topic.
     ///
     /// ```
-    /// # use outbox_relay::sink::pulsar::PulsarConfig;
+    /// # use seaorm_outbox_relay::sink::pulsar::PulsarConfig;
     /// let config = PulsarConfig::new("pulsar://127.0.0.1:6650");
     /// assert_eq!(config.topic("outbox.event.order"), "persistent://public/default/outbox.event.order");
     /// assert_eq!(config.topic("persistent://shop/events/orders"), "persistent://shop/events/orders");

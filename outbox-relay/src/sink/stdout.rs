@@ -15,7 +15,7 @@ impl StdoutSink {
     /// The JSON line printed for `message`.
     ///
     /// ```
-    /// # use outbox_relay::sink::{Message, stdout::StdoutSink};
+    /// # use seaorm_outbox_relay::sink::{Message, stdout::StdoutSink};
     /// let line = StdoutSink::line(&Message::example());
     /// assert!(line.starts_with(r#"{"topic":"outbox.event.order","key":"42""#));
     /// ```

@@ -1,6 +1,6 @@
 //! From the WAL to [`OutboxRow`]s: a row inserted into the outbox table, or the events of one
 //! `record` call emitted as a logical message (table-less recording, see
-//! [`outbox_core::Recording`]). Both become the same rows the polling relay reads, so routing, the
+//! [`seaorm_outbox::Recording`]). Both become the same rows the polling relay reads, so routing, the
 //! message contract and parking are the polling relay's own.
 
 use super::pgoutput::{Relation, Value};

@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 pub use slot::{Refused, SlotStatus};
 
 /// The logical-message prefix of table-less events (`pg_logical_emit_message(true, 'outbox', …)`).
-pub const MESSAGE_PREFIX: &str = outbox_core::LOGICAL_MESSAGE_PREFIX;
+pub const MESSAGE_PREFIX: &str = seaorm_outbox::LOGICAL_MESSAGE_PREFIX;
 
 /// How many events may wait for the broker's answer at once; the stream pauses beyond it.
 const MAX_UNCONFIRMED: usize = 10_000;
@@ -43,7 +43,7 @@ pub const STANDBY_POLL: Duration = Duration::from_secs(1);
 /// Where the WAL source reads: a replication slot and the publication of the outbox table.
 ///
 /// ```
-/// use outbox_relay::wal::WalSource;
+/// use seaorm_outbox_relay::wal::WalSource;
 ///
 /// let source = WalSource::default();
 /// assert_eq!((source.slot.as_str(), source.publication.as_str()), ("outbox_relay", "outbox_relay"));

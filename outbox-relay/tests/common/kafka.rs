@@ -70,7 +70,10 @@ pub async fn consume_from(
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &brokers)
-            .set("group.id", format!("test-{}", outbox_core::Uuid::now_v7()))
+            .set(
+                "group.id",
+                format!("test-{}", seaorm_outbox::Uuid::now_v7()),
+            )
             .set("auto.offset.reset", "earliest")
             .set("enable.auto.commit", "false")
             .set("topic.metadata.refresh.interval.ms", "500")

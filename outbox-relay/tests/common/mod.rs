@@ -6,9 +6,9 @@ pub mod pulsar;
 pub mod secure;
 pub mod wal;
 
-use outbox_core::Uuid;
-use outbox_core::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
-use outbox_relay::RelayConfig;
+use seaorm_outbox::Uuid;
+use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use seaorm_outbox_relay::RelayConfig;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,9 @@ pub struct Fixture {
 impl Fixture {
     pub async fn new() -> Fixture {
         let (db, schema) = outbox_tests::postgres_schema().await;
-        outbox_core::migration::migrate(&db).await.expect("migrate");
+        seaorm_outbox::migration::migrate(&db)
+            .await
+            .expect("migrate");
         let prefix = format!("t{}", Uuid::now_v7().simple());
         Fixture {
             db,
@@ -312,7 +314,7 @@ where
 /// `EXPLAIN (options)` of the claim of `batch` rows ([`claim_sql`]) with the relay's session
 /// settings, in a transaction rolled back afterwards: the plan's rows (text lines, or one JSON
 /// document with `FORMAT JSON`).
-pub async fn explain_claim<T: outbox_core::sea_orm::TryGetable>(
+pub async fn explain_claim<T: seaorm_outbox::sea_orm::TryGetable>(
     f: &Fixture,
     options: &str,
     batch: usize,
@@ -322,14 +324,14 @@ pub async fn explain_claim<T: outbox_core::sea_orm::TryGetable>(
 
 /// `EXPLAIN (options) query` with the relay's session settings, in a transaction rolled back
 /// afterwards.
-pub async fn explain<T: outbox_core::sea_orm::TryGetable>(
+pub async fn explain<T: seaorm_outbox::sea_orm::TryGetable>(
     f: &Fixture,
     options: &str,
     query: &str,
 ) -> Vec<T> {
-    use outbox_core::sea_orm::TransactionTrait;
+    use seaorm_outbox::sea_orm::TransactionTrait;
     let txn = f.db.begin().await.unwrap();
-    txn.execute_unprepared(outbox_relay::POSTGRES_SESSION_SQL)
+    txn.execute_unprepared(seaorm_outbox_relay::POSTGRES_SESSION_SQL)
         .await
         .unwrap();
     let explain = format!("EXPLAIN ({options}) {query}");
@@ -354,7 +356,7 @@ pub fn claim_sql(batch: usize) -> String {
 /// (`int8[]`), which the claim skips.
 pub fn claim_sql_skipping(batch: usize, in_flight: &str) -> String {
     let config = RelayConfig::new("postgres://unused");
-    outbox_relay::POSTGRES_CLAIM_SQL
+    seaorm_outbox_relay::POSTGRES_CLAIM_SQL
         .replace("$1", "ARRAY(SELECT generate_series(0, 255)::smallint)")
         .replace("$2", &batch.to_string())
         .replace("$3", "true")

@@ -57,7 +57,7 @@ pub async fn consume(topic: &str, expected: usize, timeout: Duration) -> Vec<Rec
     let mut consumer: Consumer<Vec<u8>, TokioExecutor> = client
         .consumer()
         .with_topic(topic)
-        .with_subscription(format!("test-{}", outbox_core::Uuid::now_v7()))
+        .with_subscription(format!("test-{}", seaorm_outbox::Uuid::now_v7()))
         .with_subscription_type(SubType::Exclusive)
         .with_options(
             pulsar::ConsumerOptions::default().with_initial_position(InitialPosition::Earliest),

@@ -1,7 +1,7 @@
 //! The WAL source's fixture: a schema of its own, and a slot and publication named after it.
 
 use super::{Fixture, KillOnDrop};
-use outbox_relay::wal::WalSource;
+use seaorm_outbox_relay::wal::WalSource;
 use std::time::{Duration, Instant};
 
 /// A [`Fixture`] whose relays read the WAL through a slot and publication of its own.
@@ -89,7 +89,7 @@ impl WalFixture {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        outbox_relay::wal::drop_source(&self.f.url, &self.source)
+        seaorm_outbox_relay::wal::drop_source(&self.f.url, &self.source)
             .await
             .expect("drop the slot");
     }

@@ -1,4 +1,4 @@
-use outbox_core::OutboxEvent;
+use seaorm_outbox::OutboxEvent;
 use serde::Serialize;
 
 #[derive(Serialize, OutboxEvent)]

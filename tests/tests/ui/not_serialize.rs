@@ -1,4 +1,4 @@
-use outbox_core::OutboxEvent;
+use seaorm_outbox::OutboxEvent;
 
 #[derive(OutboxEvent)]
 #[outbox(aggregate = "order", key = "order_id")]

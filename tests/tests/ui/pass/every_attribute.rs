@@ -1,4 +1,4 @@
-use outbox_core::OutboxEvent;
+use seaorm_outbox::OutboxEvent;
 use serde::Serialize;
 
 #[derive(Serialize, OutboxEvent)]
@@ -8,7 +8,7 @@ use serde::Serialize;
     event_type = "customer.renamed",
     topic = "customers",
     version = 4,
-    crate = "outbox_core"
+    crate = "seaorm_outbox"
 )]
 pub struct CustomerRenamed {
     email: String,
@@ -32,5 +32,5 @@ fn main() {
     assert_eq!(CustomerRenamed::TOPIC, Some("customers"));
     assert_eq!(CustomerRenamed::EVENT_VERSION, 4);
     assert_eq!(InvoiceIssued { number: -3, amount_due: 5 }.aggregate_id(), "-3");
-    assert_eq!(outbox_core::registrations().len(), 2);
+    assert_eq!(seaorm_outbox::registrations().len(), 2);
 }

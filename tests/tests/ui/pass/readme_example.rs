@@ -1,4 +1,4 @@
-use outbox_core::{OutboxEvent, Uuid};
+use seaorm_outbox::{OutboxEvent, Uuid};
 use serde::Serialize;
 
 #[derive(Serialize, OutboxEvent)]

@@ -1,6 +1,6 @@
 // A crate that depends on outbox-core under another name, as with
 // `my_outbox = { package = "outbox-core", ... }` in Cargo.toml.
-extern crate outbox_core as my_outbox;
+extern crate seaorm_outbox as my_outbox;
 
 use my_outbox::OutboxEvent;
 use serde::Serialize;
