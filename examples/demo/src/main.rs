@@ -58,13 +58,9 @@ async fn story() -> Result<(), AnyError> {
         &[&order_topic, "shop.shipping", "billing.dead-letter"],
     )
     .await?;
-    let orders_addr = free_address()?;
+    let http = reqwest::Client::new();
+    let (orders, orders_url) = start_orders(&http, &orders_db).await?;
     let billing_addr = free_address()?;
-    let mut orders = Service::start(
-        "orders-service",
-        &[],
-        &[("DATABASE_URL", &orders_db), ("ORDERS_ADDR", &orders_addr)],
-    )?;
     let mut billing = Service::start(
         "billing-service",
         &[],
@@ -88,10 +84,7 @@ async fn story() -> Result<(), AnyError> {
         &relay_addr,
     ];
     let mut relay = Service::start("shop-relay", &relay_args, &[])?;
-    let http = reqwest::Client::new();
-    let orders_url = format!("http://{orders_addr}");
     let billing_url = format!("http://{billing_addr}");
-    services::wait_ready(&http, &mut orders, &format!("{orders_url}/healthz")).await?;
     services::wait_ready(&http, &mut billing, &format!("{billing_url}/healthz")).await?;
     services::wait_ready(&http, &mut relay, &format!("http://{relay_addr}/readyz")).await?;
     println!("  orders-service   {orders_url}   database shop_orders: orders + outbox");
@@ -200,15 +193,8 @@ async fn sqlite_story() -> Result<(), AnyError> {
         path.display()
     );
     println!("   (billing consumes from a broker: run scripts/demo without --sqlite to see it)\n");
-    let orders_addr = free_address()?;
-    let mut orders = Service::start(
-        "orders-service",
-        &[],
-        &[("DATABASE_URL", &url), ("ORDERS_ADDR", &orders_addr)],
-    )?;
     let http = reqwest::Client::new();
-    let orders_url = format!("http://{orders_addr}");
-    services::wait_ready(&http, &mut orders, &format!("{orders_url}/healthz")).await?;
+    let (mut orders, orders_url) = start_orders(&http, &url).await?;
 
     println!("== 1. Orders, and a bad request that records nothing\n");
     let ada = place(&http, &orders_url, "ada", 1999).await?;
@@ -248,6 +234,20 @@ async fn sqlite_story() -> Result<(), AnyError> {
         let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
     }
     Ok(())
+}
+
+/// Starts the order service on the database at `database_url` and waits until it answers; the
+/// service and its base URL.
+async fn start_orders(
+    http: &reqwest::Client,
+    database_url: &str,
+) -> Result<(Service, String), AnyError> {
+    let addr = free_address()?;
+    let env = [("DATABASE_URL", database_url), ("ORDERS_ADDR", &addr)];
+    let mut orders = Service::start("orders-service", &[], &env)?;
+    let url = format!("http://{addr}");
+    services::wait_ready(http, &mut orders, &format!("{url}/healthz")).await?;
+    Ok((orders, url))
 }
 
 /// A new, empty database `name` on the PostgreSQL server of `server_url`; its URL.
