@@ -333,7 +333,7 @@ async fn settings_come_from_the_config_file_and_flags_override_them() {
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map(common::KillOnDrop)
+        .map(common::KillOnDrop::from)
         .unwrap();
     f.wait_until_zero(
         "SELECT count(*) FROM outbox",
@@ -443,7 +443,7 @@ fn sigterm_during_start_up_still_stops_the_relay_with_exit_0() {
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .spawn()
-        .map(common::KillOnDrop)
+        .map(common::KillOnDrop::from)
         .unwrap();
     // Its SIGTERM handler is in before it reads its settings.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -71,18 +71,17 @@ async fn metrics_count_what_was_published_and_readyz_checks_database_and_broker(
 async fn readyz_says_what_is_unreachable() {
     let f = Fixture::new().await;
     let port = free_port();
-    let mut no_broker = common::relay_command()
-        .args([
-            "run",
-            "--database-url",
-            &f.url,
-            "--kafka-brokers",
-            "127.0.0.1:1",
-        ])
-        .args(["--http-addr", &format!("127.0.0.1:{port}")])
-        .spawn()
-        .map(common::KillOnDrop)
-        .unwrap();
+    let mut no_broker = common::KillOnDrop::spawn_logged(
+        common::relay_command()
+            .args([
+                "run",
+                "--database-url",
+                &f.url,
+                "--kafka-brokers",
+                "127.0.0.1:1",
+            ])
+            .args(["--http-addr", &format!("127.0.0.1:{port}")]),
+    );
     let (status, body) = http_get_when_up(port, "/readyz").await;
     assert_eq!(status, 503);
     assert!(
@@ -103,7 +102,7 @@ async fn readyz_says_what_is_unreachable() {
         .args(["--http-addr", &format!("127.0.0.1:{port}")])
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map(common::KillOnDrop)
+        .map(common::KillOnDrop::from)
         .unwrap();
     let (status, body) = http_get_when_up(port, "/readyz").await;
     assert_eq!(status, 503);
@@ -150,13 +149,12 @@ async fn readyz_checks_the_pulsar_broker() {
     assert_eq!(common::terminate(&mut relay), Some(0));
 
     let port = free_port();
-    let mut no_broker = common::relay_command()
-        .args(["run", "--database-url", &f.url])
-        .args(["--sink", "pulsar", "--pulsar-url", "pulsar://127.0.0.1:1"])
-        .args(["--http-addr", &format!("127.0.0.1:{port}")])
-        .spawn()
-        .map(common::KillOnDrop)
-        .unwrap();
+    let mut no_broker = common::KillOnDrop::spawn_logged(
+        common::relay_command()
+            .args(["run", "--database-url", &f.url])
+            .args(["--sink", "pulsar", "--pulsar-url", "pulsar://127.0.0.1:1"])
+            .args(["--http-addr", &format!("127.0.0.1:{port}")]),
+    );
     let (status, body) = http_get_when_up(port, "/readyz").await;
     assert_eq!(status, 503);
     assert!(body.starts_with("not ready: pulsar:"), "{body}");

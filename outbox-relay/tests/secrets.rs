@@ -219,7 +219,7 @@ async fn a_database_that_does_not_answer_fails_within_the_connect_timeout() {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .map(common::KillOnDrop)
+            .map(common::KillOnDrop::from)
             .unwrap();
         let (status, stderr) = common::wait_for_exit(
             &mut child,

@@ -56,22 +56,21 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
     .await
     .unwrap();
 
-    let mut relay = common::relay_command()
-        .args([
-            "run",
-            "--sink",
-            "stdout",
-            "--database-url",
-            &url,
-            "--poll-interval",
-            "20ms",
-            "--http-addr",
-            "off",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .map(common::KillOnDrop)
-        .unwrap();
+    let mut relay = common::KillOnDrop::spawn_logged(
+        common::relay_command()
+            .args([
+                "run",
+                "--sink",
+                "stdout",
+                "--database-url",
+                &url,
+                "--poll-interval",
+                "20ms",
+                "--http-addr",
+                "off",
+            ])
+            .stdout(Stdio::piped()),
+    );
     let stdout = relay.stdout.take().unwrap();
     let lines = tokio::task::spawn_blocking(move || {
         BufReader::new(stdout)
@@ -140,7 +139,7 @@ async fn a_second_relay_on_the_same_sqlite_file_refuses_to_start() {
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
-            .map(common::KillOnDrop)
+            .map(common::KillOnDrop::from)
             .unwrap()
     };
     // Waits until a relay says it runs (it holds the lock by then).
@@ -167,7 +166,7 @@ async fn a_second_relay_on_the_same_sqlite_file_refuses_to_start() {
         stderr.contains("another relay already publishes"),
         "{stderr}"
     );
-    assert_eq!(common::terminate(&mut first.0), Some(0));
+    assert_eq!(common::terminate(&mut first), Some(0));
     // Once the first is gone, a relay starts again.
     let mut third = run(Stdio::piped());
     wait_running(&mut third);

@@ -222,7 +222,7 @@ async fn rows_are_published_under_the_contract_and_the_table_left_unmarked() {
         "{stderr}"
     );
 
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
     let dropped = relay_command()
         .args([
@@ -403,7 +403,7 @@ async fn a_poison_row_is_parked_and_retried_in_order() {
             .await,
         0
     );
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
 }
 
@@ -441,7 +441,7 @@ async fn the_wal_source_refuses_to_start_beside_polling_relays_or_on_sqlite() {
         stderr.contains("polling relay(s) publish this outbox table"),
         "{stderr}"
     );
-    assert_eq!(common::terminate(&mut polling.0), Some(0));
+    assert_eq!(common::terminate(&mut polling), Some(0));
 
     let sqlite = relay_command()
         .args([
@@ -499,7 +499,7 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
     w.wait_until_confirmed_past(*ends.last().unwrap(), Duration::from_secs(120))
         .await;
     wait_until_reading(&w).await;
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     let received = consume(
         &[&w.f.topic("meter")],
         TOTAL as usize,
@@ -549,7 +549,7 @@ async fn the_broker_stops_for_30_seconds_and_the_relay_is_killed_meanwhile_and_n
     );
     let total = writer.finish().await;
     w.wait_until_confirmed(Duration::from_secs(120)).await;
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     let received = consume(
         &[&w.f.topic("meter")],
         total as usize,
@@ -576,7 +576,7 @@ async fn postgres_restarts_and_the_stream_resumes() {
         relay.try_wait().unwrap().is_none(),
         "the relay exited when PostgreSQL restarted"
     );
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     let received = consume(
         &[&w.f.topic("meter")],
         total as usize,
@@ -626,7 +626,7 @@ async fn a_standby_takes_over_when_the_reader_dies() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let total = writer.finish().await;
     w.wait_until_confirmed(Duration::from_secs(60)).await;
-    assert_eq!(common::terminate(&mut standby.0), Some(0));
+    assert_eq!(common::terminate(&mut standby), Some(0));
     let received = consume(
         &[&w.f.topic("meter")],
         total as usize,

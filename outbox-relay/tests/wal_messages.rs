@@ -99,7 +99,7 @@ async fn table_less_events_are_published_under_the_contract_and_rollbacks_emit_n
     // No row was written.
     assert_eq!(w.f.scalar("SELECT count(*) FROM outbox").await, 0);
     w.wait_until_confirmed(Duration::from_secs(30)).await;
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
 }
 
@@ -157,7 +157,7 @@ async fn the_relay_killed_ten_times_while_table_less_events_are_recorded_loses_n
         assert!(Instant::now() < deadline, "nobody reads the slot");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     let received = consume(
         &[&w.f.topic("meter")],
         total as usize,
@@ -223,7 +223,7 @@ async fn a_poison_table_less_event_is_parked_as_a_row() {
             .unwrap()
             .contains("payload too large")
     );
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
 
     // With the limit raised, `failed retry` sends it.
     let mut relay = w.spawn_relay(&[]);
@@ -238,7 +238,7 @@ async fn a_poison_table_less_event_is_parked_as_a_row() {
     let received = consume(&[&w.f.topic("meter")], 2, Duration::from_secs(60)).await;
     assert!(received.iter().any(|m| m.key == "m-big".repeat(10)));
     w.wait_until_confirmed(Duration::from_secs(30)).await;
-    assert_eq!(common::terminate(&mut relay.0), Some(0));
+    assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
 }
 

@@ -120,24 +120,22 @@ impl Fixture {
         } else {
             &["--http-addr", "127.0.0.1:0"][..]
         };
-        let child = relay_command()
-            .args(["run", "--database-url", &self.url])
-            .args(sink)
-            .args([
-                "--topic-template",
-                &self.template,
-                "--poll-interval",
-                "20ms",
-                "--lease-refresh",
-                "300ms",
-            ])
-            .args(http)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start outbox-relay");
-        KillOnDrop(child)
+        KillOnDrop::spawn_logged(
+            relay_command()
+                .args(["run", "--database-url", &self.url])
+                .args(sink)
+                .args([
+                    "--topic-template",
+                    &self.template,
+                    "--poll-interval",
+                    "20ms",
+                    "--lease-refresh",
+                    "300ms",
+                ])
+                .args(http)
+                .args(extra)
+                .stdout(Stdio::null()),
+        )
     }
 }
 
@@ -218,25 +216,69 @@ pub fn signal(child: &Child, signal: &str) {
 
 /// A child process killed when dropped, so a test that panics leaves no relay running (and no
 /// pipe of the test runner held open).
-pub struct KillOnDrop(pub Child);
+///
+/// A child started with [`KillOnDrop::spawn_logged`] writes its stderr to a file, printed only if
+/// the test fails: the errors a test provokes on purpose (a broker away, a poison row) stay out of
+/// a passing run's output, so a real error stands out.
+pub struct KillOnDrop {
+    child: Child,
+    log: Option<std::path::PathBuf>,
+}
+
+impl KillOnDrop {
+    /// Starts `command` with its stderr going to a log file of its own.
+    pub fn spawn_logged(command: &mut Command) -> KillOnDrop {
+        let log = outbox_tests::temp_dir().join("child.log");
+        let child = command
+            .stderr(std::fs::File::create(&log).expect("child log file"))
+            .spawn()
+            .expect("start child process");
+        KillOnDrop {
+            child,
+            log: Some(log),
+        }
+    }
+
+    /// What the child wrote to stderr so far (empty unless started with
+    /// [`spawn_logged`](KillOnDrop::spawn_logged)).
+    pub fn log(&self) -> String {
+        self.log
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .unwrap_or_default()
+    }
+}
+
+impl From<Child> for KillOnDrop {
+    fn from(child: Child) -> KillOnDrop {
+        KillOnDrop { child, log: None }
+    }
+}
 
 impl std::ops::Deref for KillOnDrop {
     type Target = Child;
     fn deref(&self) -> &Child {
-        &self.0
+        &self.child
     }
 }
 
 impl std::ops::DerefMut for KillOnDrop {
     fn deref_mut(&mut self) -> &mut Child {
-        &mut self.0
+        &mut self.child
     }
 }
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.log();
+            if !log.is_empty() {
+                // eprintln! is captured by the test harness and shown with the failure.
+                eprintln!("--- stderr of child {} ---\n{log}", self.child.id());
+            }
+        }
     }
 }
 
