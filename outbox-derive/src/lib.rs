@@ -1,4 +1,4 @@
-//! `#[derive(OutboxEvent)]`: the derive macro of the [outbox-core] crate.
+//! `#[derive(OutboxEvent)]`: the derive macro of the [seaorm-outbox] crate.
 //!
 //! Use it through `seaorm_outbox`, which re-exports it under the trait's name:
 //!
@@ -14,7 +14,7 @@
 //! `#[outbox(...)]` attributes, `check.rs` validates them together, and `expand.rs` generates code.
 //! Every attribute error of an input is reported at once, each spanned on its token.
 //!
-//! [outbox-core]: https://docs.rs/outbox-core
+//! [seaorm-outbox]: https://docs.rs/seaorm-outbox
 
 mod ast;
 mod attr;

@@ -1,4 +1,4 @@
-//! # outbox-relay
+//! # seaorm-outbox-relay
 //!
 //! Publishes the events that [`seaorm_outbox`] recorded, from the `outbox` table to a broker: at
 //! least once, in order per aggregate, with any number of replicas against one database.
