@@ -231,7 +231,9 @@ async fn measure_latency(connector: &Connector, rate: usize, seconds: u64) -> Pe
     // Instants to wall-clock milliseconds, through one pair taken now.
     let (base_instant, base_wall) = (Instant::now(), SystemTime::now());
     let expected_before = connector.published();
+    let writing = SystemTime::now();
     let achieved = latency::write_at_rate(&connector.db.url, rate, seconds, &committed).await;
+    let broker_gc = crate::broker_gc::between(writing, SystemTime::now());
     let total = committed.lock().unwrap().len();
     connector.wait_published(expected_before + total).await;
 
@@ -268,5 +270,7 @@ async fn measure_latency(connector: &Connector, rate: usize, seconds: u64) -> Pe
         })
         .collect();
     assert_eq!(latencies.len(), total, "every committed event was appended");
-    latency::percentiles(latencies, rate, achieved)
+    let mut p = latency::percentiles(latencies, rate, achieved);
+    p.broker_gc = broker_gc;
+    p
 }

@@ -72,6 +72,8 @@ pub struct Percentiles {
     pub p99_ms: f64,
     /// The p99 of the first leg, commit to the relay handing the event to the sink, where known.
     pub p99_to_sink_ms: Option<f64>,
+    /// The broker's GC pauses while the writers ran, where its GC log is known.
+    pub broker_gc: Option<crate::broker_gc::Pauses>,
 }
 
 pub async fn measure(
@@ -125,7 +127,9 @@ pub async fn measure(
         Some(source) => setup::wait_slot_read(&db, &source.slot).await,
     }
 
+    let writing = std::time::SystemTime::now();
     let achieved = write_at_rate(&db.url, rate, seconds, &committed).await;
+    let broker_gc = crate::broker_gc::between(writing, std::time::SystemTime::now());
     // Every committed event acked (the WAL source never marks rows, so the table cannot tell).
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -163,6 +167,7 @@ pub async fn measure(
     };
     let mut p = percentiles(since_commit(&acked), rate, achieved);
     p.p99_to_sink_ms = Some(percentiles(since_commit(&enqueued), rate, achieved).p99_ms);
+    p.broker_gc = broker_gc;
     p
 }
 
@@ -219,5 +224,6 @@ pub fn percentiles(mut latencies: Vec<f64>, offered: usize, achieved: f64) -> Pe
         p95_ms: at(0.95),
         p99_ms: at(0.99),
         p99_to_sink_ms: None,
+        broker_gc: None,
     }
 }

@@ -4,6 +4,7 @@
 //! It prints a markdown table and writes the numbers as JSON. Ratios measured in the same run are
 //! the headline; absolute rates depend on the machine.
 
+mod broker_gc;
 mod debezium;
 mod drain;
 mod latency;

@@ -172,16 +172,19 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "| source | offered/s | achieved/s | p50 ms | p95 ms | p99 ms | p99 ms, commit to sink |"
+            "| source | offered/s | achieved/s | p50 ms | p95 ms | p99 ms | p99 ms, commit to sink | broker GC pauses meanwhile: count, longest ms, total ms |"
         );
-        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
         for (name, p) in &self.latency {
             let to_sink = p
                 .p99_to_sink_ms
                 .map_or("–".to_owned(), |ms| format!("{ms:.1}"));
+            let gc = p.broker_gc.map_or("–".to_owned(), |g| {
+                format!("{}, {:.1}, {:.0}", g.count, g.max_ms, g.total_ms)
+            });
             let _ = writeln!(
                 out,
-                "| {name} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {to_sink} |",
+                "| {name} | {:.0} | {:.0} | {:.1} | {:.1} | {:.1} | {to_sink} | {gc} |",
                 p.offered, p.achieved, p.p50_ms, p.p95_ms, p.p99_ms
             );
         }
@@ -272,6 +275,7 @@ impl Report {
             .map(|(source, p)| json!({
                 "source": source,
                 "offered": p.offered, "achieved": p.achieved, "p50_ms": p.p50_ms, "p95_ms": p.p95_ms, "p99_ms": p.p99_ms, "p99_to_sink_ms": p.p99_to_sink_ms,
+                "broker_gc": p.broker_gc.map(|g| json!({ "pauses": g.count, "longest_ms": g.max_ms, "total_ms": g.total_ms })),
             }))
             .collect();
         let value = json!({
