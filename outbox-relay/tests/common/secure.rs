@@ -3,9 +3,9 @@
 //! and ACLs; Pulsar with token authentication and a TLS port. Keys, certificates, passwords and
 //! tokens are made afresh for each start.
 
-use super::{Fixture, relay_command};
+use super::{Fixture, KillOnDrop, relay_command};
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Where the secured brokers are and the credentials they accept.
@@ -90,9 +90,8 @@ impl Secure {
 
 /// A relay binary whose stderr goes to a file, read by the test.
 pub struct Relay {
-    pub child: Child,
+    child: KillOnDrop,
     pub port: u16,
-    log: PathBuf,
 }
 
 impl Relay {
@@ -111,24 +110,22 @@ impl Relay {
         level: &str,
     ) -> Relay {
         let port = super::free_port();
-        let log = outbox_tests::temp_dir().join("relay.log");
-        let child = relay_command()
-            .args(["run", "--database-url", url])
-            .args(["--topic-template", template, "--poll-interval", "20ms"])
-            .args(["--http-addr", &format!("127.0.0.1:{port}")])
-            .args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .env("OUTBOX_LOG", level)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("relay log file"))
-            .spawn()
-            .expect("start outbox-relay");
-        Relay { child, port, log }
+        let child = KillOnDrop::spawn_logged(
+            relay_command()
+                .args(["run", "--database-url", url])
+                .args(["--topic-template", template, "--poll-interval", "20ms"])
+                .args(["--http-addr", &format!("127.0.0.1:{port}")])
+                .args(args)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .env("OUTBOX_LOG", level)
+                .stdout(Stdio::null()),
+        );
+        Relay { child, port }
     }
 
     /// What the relay logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.child.log()
     }
 
     /// Waits until the log contains `needle`, or panics with the log after `timeout`.
@@ -175,13 +172,6 @@ impl Relay {
     pub fn stop(mut self) -> String {
         assert_eq!(super::terminate(&mut self.child), Some(0), "{}", self.log());
         self.log()
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
