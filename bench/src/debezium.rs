@@ -231,9 +231,8 @@ async fn measure_latency(connector: &Connector, rate: usize, seconds: u64) -> Pe
     // Instants to wall-clock milliseconds, through one pair taken now.
     let (base_instant, base_wall) = (Instant::now(), SystemTime::now());
     let expected_before = connector.published();
-    let writing = SystemTime::now();
     let achieved = latency::write_at_rate(&connector.db.url, rate, seconds, &committed).await;
-    let broker_gc = crate::broker_gc::between(writing, SystemTime::now());
+    let broker_gc = crate::broker_gc::between(base_wall, SystemTime::now());
     let total = committed.lock().unwrap().len();
     connector.wait_published(expected_before + total).await;
 
