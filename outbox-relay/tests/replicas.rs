@@ -1,6 +1,6 @@
 //! Several `outbox-relay` processes against one database: every event delivered, none twice while
 //! nothing crashes, every aggregate's events in order; after a `kill -9`, nothing lost and the
-//! order of first deliveries kept.
+//! order of first deliveries kept. And the claim reads exactly the shards a replica leases.
 
 mod common;
 
@@ -189,4 +189,49 @@ async fn a_replica_killed_mid_run_loses_nothing_and_keeps_first_delivery_order()
         duplicates <= BATCH,
         "{duplicates} duplicates: more than the killed replica's one batch in flight"
     );
+}
+
+/// The relay hands its claim the shards it leases as a 256-bit mask (bit `n % 8` of byte `n / 8`
+/// for shard `n`, which the relay's unit test pins): the claim returns the rows of exactly those
+/// shards, and every one of them.
+#[tokio::test]
+async fn the_claim_reads_exactly_the_shards_of_its_mask() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'account', 'a-' || g, 'Step', '{}' FROM generate_series(1, 4000) g",
+    )
+    .await
+    .unwrap();
+    let shards: [usize; 6] = [0, 7, 8, 9, 130, 255];
+    let mut mask = [0u8; 32];
+    for n in shards {
+        mask[n / 8] |= 1 << (n % 8);
+    }
+    let hex: String = mask.iter().map(|b| format!("{b:02x}")).collect();
+    let seqs = |sql: String| {
+        let db = f.db.clone();
+        async move {
+            let rows = db
+                .query_all_raw(Statement::from_string(DbBackend::Postgres, sql))
+                .await
+                .unwrap();
+            rows.iter()
+                .map(|row| row.try_get::<i64>("", "seq").unwrap())
+                .collect::<Vec<i64>>()
+        }
+    };
+    let list = shards.map(|n| n.to_string()).join(",");
+    let expected = seqs(format!(
+        "SELECT seq FROM outbox WHERE shard IN ({list}) ORDER BY seq"
+    ))
+    .await;
+    assert!(expected.len() > 30, "the fixture has rows in those shards");
+    let claimed = seqs(common::claim_sql_of(
+        4000,
+        &format!("decode('{hex}', 'hex')"),
+        "'{}'::int8[]",
+    ))
+    .await;
+    assert_eq!(claimed, expected);
 }

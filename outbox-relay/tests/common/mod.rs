@@ -397,9 +397,15 @@ pub fn claim_sql(batch: usize) -> String {
 /// [`claim_sql`] with a batch in flight: `in_flight` is an SQL expression of its `seq`s
 /// (`int8[]`), which the claim skips.
 pub fn claim_sql_skipping(batch: usize, in_flight: &str) -> String {
+    claim_sql_of(batch, "decode(repeat('ff', 32), 'hex')", in_flight)
+}
+
+/// [`claim_sql_skipping`] over the shards of `mask`, an SQL expression of the claim's shard mask
+/// (`bytea`: bit `n % 8` of byte `n / 8` set for shard `n`).
+pub fn claim_sql_of(batch: usize, mask: &str, in_flight: &str) -> String {
     let config = RelayConfig::new("postgres://unused");
     seaorm_outbox_relay::POSTGRES_CLAIM_SQL
-        .replace("$1", "ARRAY(SELECT generate_series(0, 255)::smallint)")
+        .replace("$1", mask)
         .replace("$2", &batch.to_string())
         .replace("$3", "true")
         .replace("$4", &config.max_payload_bytes.to_string())
