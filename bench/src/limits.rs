@@ -30,11 +30,13 @@ struct Batch {
     payloads: Vec<String>,
 }
 
-/// The oldest unpublished rows, skipping the `seq`s in `skip` (a batch in flight).
+/// The oldest unpublished rows, skipping the `seq`s in `skip` (a batch in flight) through a
+/// hashed subplan, as the relay does (`seq <> ALL($2)` compares each row with every element of
+/// the array once PostgreSQL caches a generic plan).
 async fn claim(conn: &mut sqlx::PgConnection, batch: usize, skip: &[i64]) -> Batch {
     let rows = sqlx::query(
         "SELECT id, seq, aggregate_id, payload::text FROM outbox
-         WHERE published_at IS NULL AND seq <> ALL($2)
+         WHERE published_at IS NULL AND seq NOT IN (SELECT unnest($2::int8[]))
          ORDER BY seq LIMIT $1",
     )
     .bind(batch as i64)

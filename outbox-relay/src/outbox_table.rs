@@ -215,7 +215,8 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET enable_seqscan = off; \
 /// finds the oldest rows of the shards in `$1` (a `bytea` of 32 bytes, bit *n* set for shard *n* as
 /// `get_bit` numbers them; every shard: `decode(repeat('ff', 32), 'hex')`), at most `$2`, of aggregates not
 /// blocked, skipping the rows whose `seq` is in `$6` (`int8[]`: the batch in flight, not settled
-/// yet). No row is locked: the caller holds the leases of
+/// yet; through a hashed subplan, one lookup per row: `seq <> ALL($6)` compared each row with
+/// every element of the parameter, a million comparisons for batches of 1,000). No row is locked: the caller holds the leases of
 /// those shards. `claimed` reads every column the relay needs in that one pass, the payload
 /// converted to text once; a payload larger than its share of the batch (`$5 / $2` bytes) is left
 /// for the final select to read, so `claimed` holds at most about `$5` bytes. The rows returned
@@ -238,7 +239,7 @@ WITH held AS MATERIALIZED (
            CASE WHEN octet_length(t.payload) <= $5 / $2 THEN t.payload END AS small_payload
     FROM outbox o CROSS JOIN LATERAL (SELECT o.payload::text AS payload OFFSET 0) t
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND get_bit($1, o.shard) = 1
-      AND o.seq <> ALL($6)
+      AND o.seq NOT IN (SELECT unnest($6))
       AND NOT EXISTS (SELECT 1 FROM blocked b
                       WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id)
     ORDER BY o.seq

@@ -4,7 +4,7 @@
 mod common;
 
 use common::Fixture;
-use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use seaorm_outbox::sea_orm::{ConnectionTrait, TransactionTrait};
 use std::time::Duration;
 
 async fn fill(f: &Fixture, published_days_ago: i32, count: i32) {
@@ -116,20 +116,11 @@ async fn the_claim_uses_the_partial_index_before_the_table_was_ever_analyzed() {
 #[tokio::test]
 async fn a_claim_prepared_on_an_empty_table_stays_cheap_when_it_fills() {
     let f = Fixture::new().await;
-    let claim = seaorm_outbox_relay::POSTGRES_CLAIM_SQL;
     let txn = f.db.begin().await.unwrap();
-    txn.execute_unprepared(seaorm_outbox_relay::POSTGRES_SESSION_SQL)
-        .await
-        .unwrap();
-    txn.execute_unprepared(&format!(
-        "PREPARE claim(bytea, int8, bool, int8, int8, int8[]) AS {claim}"
-    ))
-    .await
-    .unwrap();
-    let execute =
-        "EXECUTE claim(decode(repeat('ff', 32), 'hex'), 500, true, 1000000, 16777216, '{}')";
+    common::prepare_claim(&txn).await;
+    let execute = format!("EXECUTE claim{}", common::claim_args(500, &[]));
     for _ in 0..6 {
-        txn.execute_unprepared(execute).await.unwrap();
+        txn.execute_unprepared(&execute).await.unwrap();
     }
     txn.execute_unprepared(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
@@ -137,16 +128,7 @@ async fn a_claim_prepared_on_an_empty_table_stays_cheap_when_it_fills() {
     )
     .await
     .unwrap();
-    let plan: Vec<String> = txn
-        .query_all_raw(Statement::from_string(
-            DbBackend::Postgres,
-            format!("EXPLAIN {execute}"),
-        ))
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.try_get_by_index::<String>(0).unwrap())
-        .collect();
+    let plan = common::explain_in(&txn, &execute).await;
     txn.rollback().await.unwrap();
-    assert_walks_the_partial_index(&plan.join("\n"));
+    assert_walks_the_partial_index(&plan);
 }

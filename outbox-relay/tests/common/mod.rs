@@ -7,7 +7,9 @@ pub mod secure;
 pub mod wal;
 
 use seaorm_outbox::Uuid;
-use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, DbBackend, Statement};
+use seaorm_outbox::sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, DbBackend, Statement,
+};
 use seaorm_outbox_relay::RelayConfig;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -411,4 +413,47 @@ pub fn claim_sql_of(batch: usize, mask: &str, in_flight: &str) -> String {
         .replace("$4", &config.max_payload_bytes.to_string())
         .replace("$5", &config.max_batch_bytes.to_string())
         .replace("$6", in_flight)
+}
+
+/// Prepares the relay's claim as `claim` in `txn` with the relay's session settings, as the relay
+/// runs it: a prepared statement, planned once. Run it with `EXECUTE claim(...)` and
+/// [`claim_args`].
+pub async fn prepare_claim(txn: &DatabaseTransaction) {
+    txn.execute_unprepared(seaorm_outbox_relay::POSTGRES_SESSION_SQL)
+        .await
+        .unwrap();
+    txn.execute_unprepared(&format!(
+        "PREPARE claim(bytea, int8, bool, int8, int8, int8[]) AS {}",
+        seaorm_outbox_relay::POSTGRES_CLAIM_SQL
+    ))
+    .await
+    .unwrap();
+}
+
+/// The arguments of `EXECUTE claim(...)` ([`prepare_claim`]): every shard, `batch` rows, parked
+/// aggregates held back, the relay's default byte limits, the `seq`s in flight.
+pub fn claim_args(batch: usize, in_flight: &[i64]) -> String {
+    let config = RelayConfig::new("postgres://unused");
+    let seqs: Vec<String> = in_flight.iter().map(i64::to_string).collect();
+    format!(
+        "(decode(repeat('ff', 32), 'hex'), {batch}, true, {}, {}, '{{{}}}')",
+        config.max_payload_bytes,
+        config.max_batch_bytes,
+        seqs.join(",")
+    )
+}
+
+/// The lines of `EXPLAIN query` run in `txn`.
+pub async fn explain_in(txn: &DatabaseTransaction, query: &str) -> String {
+    let plan: Vec<String> = txn
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            format!("EXPLAIN {query}"),
+        ))
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.try_get_by_index::<String>(0).unwrap())
+        .collect();
+    plan.join("\n")
 }
