@@ -12,6 +12,9 @@
 //! 3. **What failed in one batch holds the next.** The next batch was claimed before this one's
 //!    failures were written, so the aggregates with a failure in this batch are held in the next
 //!    one too (their events left untouched, for a claim that sees the failure).
+//! 4. **What is unanswered holds the next.** A batch may be sent before the one in flight is
+//!    answered (at a low rate the relay does not wait for a slow answer): it holds every aggregate
+//!    that the batch in flight sent or refused an event of, whatever the answers will be.
 //!
 //! Held events are left untouched: a later claim finds them again, in `seq` order.
 
@@ -65,6 +68,14 @@ impl Admission {
     pub fn refused(&mut self, row: &OutboxRow) {
         self.held.insert(aggregate(row));
         self.failed.insert(aggregate(row));
+    }
+
+    /// The aggregates a batch sent before this one is answered must hold (rule 4): every aggregate
+    /// with an event among `sent`, this batch's sent rows, or refused here.
+    pub fn unanswered<'r>(&self, sent: impl IntoIterator<Item = &'r OutboxRow>) -> Waiting {
+        let mut waiting: HashSet<Aggregate> = sent.into_iter().map(aggregate).collect();
+        waiting.extend(self.failed.iter().cloned());
+        Waiting(waiting)
     }
 
     /// Done enqueueing: what the broker's answers are read against.
@@ -287,6 +298,32 @@ mod tests {
             Verdict::Published
         );
         assert_eq!(verdicts.waiting(), Waiting::default());
+    }
+
+    #[test]
+    fn a_batch_sent_before_the_last_one_was_answered_holds_its_aggregates() {
+        let rows = [
+            row("a", 1, 0),
+            row("b", 2, 0),
+            row("c", 3, 0),
+            row("c", 4, 0),
+        ];
+        let (sent, admission) = enqueue(&rows, Waiting::default(), &[3]);
+        assert_eq!(sent, [1, 2]);
+        let in_flight: Vec<&OutboxRow> = rows.iter().filter(|r| sent.contains(&r.seq)).collect();
+        let waiting = admission.unanswered(in_flight);
+        let next = [
+            row("a", 5, 0),
+            row("b", 6, 0),
+            row("c", 7, 0),
+            row("d", 8, 0),
+        ];
+        let (sent, _) = enqueue(&next, waiting, &[]);
+        assert_eq!(
+            sent,
+            [8],
+            "a and b are unanswered, c was refused: only d goes"
+        );
     }
 
     mod any_batch {

@@ -12,6 +12,7 @@ use crate::tasks::BackgroundTasks;
 use crate::wakeup::{self, Wakeup};
 use crate::{metrics, prune, wal};
 use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -239,8 +240,10 @@ impl Relay {
     ///
     /// The loop is a two-stage pipeline: while the broker answers for the batch in flight, the
     /// database claims the next one; then the answers are read, the new batch is sent, and the
-    /// answered batch is settled while the broker works on the new one. At most two batches are
-    /// unsettled at any moment (`docs/design.md`, "Pipelining").
+    /// answered batch is settled while the broker works on the new one. At a low rate the loop
+    /// does not wait for a slow answer either: the new batch goes out holding the aggregates still
+    /// in flight. At most two batches are unsettled at any moment (`docs/design.md`,
+    /// "Pipelining").
     async fn run_connected(
         &self,
         shutdown: &CancellationToken,
@@ -266,16 +269,18 @@ impl Relay {
         let mut in_flight: Option<InFlight> = None;
 
         loop {
-            // Stopping, moving leases and waiting happen only with nothing in flight. A full batch
-            // stays in flight while the next one is claimed; any other is settled first.
+            // Stopping, moving leases and backing off happen only with nothing in flight. Otherwise
+            // the batch in flight stays in flight while the next one is claimed, unless its
+            // answers come in while the loop waits for its next poll: then it is settled at once.
             let lease_due = leases
                 .as_ref()
                 .is_some_and(|l| std::time::Instant::now() >= l.next_refresh());
-            let keep_in_flight = in_flight.as_ref().is_some_and(|batch| batch.full)
-                && !shutdown.is_cancelled()
-                && !lease_due
-                && pace.go_on();
-            if !keep_in_flight && let Some(batch) = in_flight.take() {
+            if let Some(batch) = in_flight.take_if(|batch| {
+                shutdown.is_cancelled()
+                    || lease_due
+                    || pace.backing_off()
+                    || (!pace.go_on() && batch.answered(self.config.ack_timeout))
+            }) {
                 let answered = self.answers(batch).await;
                 self.settle(&mut table, answered, &mut pace).await?;
             }
@@ -298,7 +303,15 @@ impl Relay {
             };
             if let Some((until, interruptible)) = pace.wait() {
                 let wakeups = wakeups.as_ref().filter(|_| interruptible);
-                if wait(wake_at(until, leases.as_ref()), wakeups, shutdown).await {
+                // The batch in flight is settled as soon as its answers are in (above).
+                let answers = async {
+                    match in_flight.as_mut() {
+                        Some(batch) => batch.read_answers(self.config.ack_timeout).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let until = wake_at(until, leases.as_ref());
+                if wait(until, wakeups, answers, shutdown).await {
                     pace.notified();
                 }
                 continue;
@@ -314,21 +327,41 @@ impl Relay {
                 .claim(&self.limits(), &shards, hold_parked, in_flight_seqs)
                 .await?;
 
-            // The batch in flight is answered: its failures hold their aggregates in the new one.
-            let mut answered = match in_flight.take() {
-                Some(batch) => Some(self.answers(batch).await),
+            // The batch in flight: a full one, or one whose answers are in, is answered first, and
+            // its failures hold their aggregates in the new batch (ordering rule 3). One that still
+            // waits for an answer at a low rate is not waited for: the new batch holds every
+            // aggregate it has in flight (rule 4), so a slow answer delays only those.
+            let answer_first = in_flight
+                .as_mut()
+                .is_some_and(|batch| batch.full || batch.answered(self.config.ack_timeout));
+            let mut before = match in_flight.take() {
+                Some(batch) if !answer_first => {
+                    if claim.rows.is_empty() {
+                        // Nothing new to send: it stays in flight, its answers read in the wait.
+                        in_flight = Some(batch);
+                        pace.found_nothing();
+                        continue;
+                    }
+                    Some(Before::Unanswered(batch))
+                }
+                Some(batch) => Some(Before::Answered(self.answers(batch).await)),
                 None => None,
             };
-            let waiting = answered
-                .as_mut()
-                .map(|a| std::mem::take(&mut a.waiting))
-                .unwrap_or_default();
+            let waiting = match &mut before {
+                Some(Before::Answered(answered)) => std::mem::take(&mut answered.waiting),
+                Some(Before::Unanswered(batch)) => batch.unanswered(),
+                None => Waiting::default(),
+            };
 
             // Send the new batch; its answers are read on the next turn.
             in_flight = self.send(claim.rows, claim.full, waiting, started).await;
 
-            // Settle the answered batch in one short transaction, while the broker works.
-            if let Some(answered) = answered {
+            // Settle the batch before in one short transaction, while the broker works.
+            if let Some(before) = before {
+                let answered = match before {
+                    Before::Answered(answered) => answered,
+                    Before::Unanswered(batch) => self.answers(batch).await,
+                };
                 self.settle(&mut table, answered, &mut pace).await?;
             }
             if in_flight.is_none() {
@@ -383,6 +416,7 @@ impl Relay {
                         topic: message.topic,
                         ack,
                         answer_by: Instant::now() + self.config.ack_timeout,
+                        answer: None,
                     });
                 }
                 // The broker refuses the relay itself: nothing more is sent.
@@ -403,7 +437,8 @@ impl Relay {
     }
 
     /// Awaits the broker's answers for a batch in flight, and sorts them into its outcome.
-    async fn answers(&self, batch: InFlight) -> Answered {
+    async fn answers(&self, mut batch: InFlight) -> Answered {
+        batch.read_answers(self.config.ack_timeout).await;
         let InFlight {
             claimed,
             full,
@@ -416,20 +451,10 @@ impl Relay {
         } = batch;
         let mut verdicts = admission.into_verdicts();
         for Sent {
-            row,
-            topic,
-            ack,
-            answer_by,
+            row, topic, answer, ..
         } in sent
         {
-            let answer = tokio::time::timeout_at(answer_by, ack)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(SinkError::new(format!(
-                        "no answer from the sink within {:?} (ack_timeout)",
-                        self.config.ack_timeout
-                    )))
-                });
+            let answer = answer.expect("every answer was read");
             if let Err(e) = &answer
                 && e.is_unavailable()
             {
@@ -547,6 +572,35 @@ struct InFlight {
     admission: Admission,
 }
 
+impl InFlight {
+    /// Reads the broker's answers as they come, keeping each one; a message without an answer
+    /// by its deadline failed (`ack_timeout`). Cancel-safe: a later call goes on where this one
+    /// stopped.
+    async fn read_answers(&mut self, ack_timeout: Duration) {
+        for sent in &mut self.sent {
+            if sent.answer.is_none() {
+                let answer = tokio::time::timeout_at(sent.answer_by, &mut sent.ack).await;
+                sent.answer = Some(answer.unwrap_or_else(|_| {
+                    Err(SinkError::new(format!(
+                        "no answer from the sink within {ack_timeout:?} (ack_timeout)"
+                    )))
+                }));
+            }
+        }
+    }
+
+    /// Whether every answer is in, reading those that came without waiting for the others.
+    fn answered(&mut self, ack_timeout: Duration) -> bool {
+        self.read_answers(ack_timeout).now_or_never().is_some()
+    }
+
+    /// The aggregates a batch sent before this one is answered must hold (ordering rule 4).
+    fn unanswered(&self) -> Waiting {
+        self.admission
+            .unanswered(self.sent.iter().map(|sent| &sent.row))
+    }
+}
+
 /// One sent row and the future of the broker's answer.
 struct Sent {
     row: OutboxRow,
@@ -554,6 +608,16 @@ struct Sent {
     ack: Ack,
     /// Without an answer by then, the message failed (`ack_timeout`).
     answer_by: Instant,
+    /// The answer, once read.
+    answer: Option<Result<(), SinkError>>,
+}
+
+/// The batch that was in flight when the next one was claimed.
+enum Before {
+    /// Its answers were read before the next batch was sent.
+    Answered(Answered),
+    /// Still waiting for answers when the next batch was sent, holding its aggregates.
+    Unanswered(InFlight),
 }
 
 /// A batch whose answers are all in.
@@ -575,8 +639,19 @@ struct Pace {
     wakeup: Wakeup,
     publish_backoff: Box<dyn Iterator<Item = Duration> + Send>,
     idle: Box<dyn Iterator<Item = Duration> + Send>,
-    /// Claim no sooner than this; `true` when a notification may cut the wait short.
-    next_claim: Option<(Instant, bool)>,
+    /// Claim no sooner than this, and why.
+    next_claim: Option<(Instant, Pause)>,
+}
+
+/// Why the loop waits before it claims again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pause {
+    /// Little to do: the next poll. A notification cuts it short.
+    Idle,
+    /// Nothing of the last batch went through. A notification cuts it short.
+    Backoff,
+    /// The broker refuses the relay: notifications do not cut it short.
+    Refused,
 }
 
 impl Pace {
@@ -598,6 +673,11 @@ impl Pace {
         self.next_claim.is_none()
     }
 
+    /// Whether the loop backs off (after a failure), rather than waiting for its next poll.
+    fn backing_off(&self) -> bool {
+        matches!(self.next_claim, Some((_, Pause::Backoff | Pause::Refused)))
+    }
+
     /// Until when to wait before the next claim, and whether a notification may cut it short.
     fn wait(&mut self) -> Option<(Instant, bool)> {
         if self
@@ -607,13 +687,14 @@ impl Pace {
             self.next_claim = None;
         }
         self.next_claim
+            .map(|(until, pause)| (until, pause != Pause::Refused))
     }
 
     /// A notification came: claim now.
     fn notified(&mut self) {
         if self
             .next_claim
-            .is_some_and(|(_, interruptible)| interruptible)
+            .is_some_and(|(_, pause)| pause != Pause::Refused)
         {
             self.next_claim = None;
         }
@@ -622,14 +703,14 @@ impl Pace {
     /// The broker refuses the relay: wait the next backoff, whatever notifications say.
     fn refused(&mut self) -> Duration {
         let delay = self.publish_backoff.next().unwrap_or(self.max_backoff);
-        self.next_claim = Some((Instant::now() + delay, false));
+        self.next_claim = Some((Instant::now() + delay, Pause::Refused));
         delay
     }
 
     /// Nothing of a batch went through.
     fn failed(&mut self) {
         let delay = self.publish_backoff.next().unwrap_or(self.max_backoff);
-        self.next_claim = Some((Instant::now() + delay, true));
+        self.next_claim = Some((Instant::now() + delay, Pause::Backoff));
     }
 
     /// Some of a batch went through: go on at once after a full batch, poll soon otherwise.
@@ -650,7 +731,7 @@ impl Pace {
 
     fn idle_wait(&mut self) {
         let delay = self.idle.next().unwrap_or(self.poll_interval);
-        self.next_claim = Some((Instant::now() + delay, true));
+        self.next_claim = Some((Instant::now() + delay, Pause::Idle));
     }
 
     /// The waits between polls that find nothing: 1 ms, doubling up to the poll interval. With
@@ -693,11 +774,12 @@ fn wake_at(until: Instant, leases: Option<&Leases>) -> Instant {
     }
 }
 
-/// Sleeps until `deadline`, a notification, or shutdown, whichever comes first. Returns whether a
-/// notification came.
+/// Sleeps until `deadline`, a notification, `answers` done, or shutdown, whichever comes first.
+/// Returns whether a notification came.
 async fn wait(
     deadline: Instant,
     wakeups: Option<&Arc<Notify>>,
+    answers: impl std::future::Future<Output = ()>,
     shutdown: &CancellationToken,
 ) -> bool {
     let notified = async {
@@ -709,6 +791,7 @@ async fn wait(
     tokio::select! {
         () = tokio::time::sleep_until(deadline) => false,
         () = notified => true,
+        () = answers => false,
         () = shutdown.cancelled() => false,
     }
 }

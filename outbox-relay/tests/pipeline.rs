@@ -12,11 +12,43 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// Acks each message 20 ms after it was enqueued, as a distant broker would, so every claim
-/// overlaps the acks of the batch before; notes what was enqueued, in order.
-#[derive(Clone, Default)]
+/// What the broker saw, in order: a message handed over, or its answer read by the relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Enqueued(String, i64),
+    Acked(String, i64),
+}
+
+/// Acks each message `delay` after it was enqueued, as a distant broker would; notes what was
+/// enqueued and when the relay read each answer, in order.
+#[derive(Clone)]
 struct SlowBroker {
-    enqueued: Arc<Mutex<Vec<(String, i64)>>>,
+    delay: Duration,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl SlowBroker {
+    fn new(delay: Duration) -> Self {
+        SlowBroker {
+            delay,
+            seen: Arc::default(),
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The keys and seqs enqueued, in order.
+    fn enqueued(&self) -> Vec<(String, i64)> {
+        self.seen()
+            .into_iter()
+            .filter_map(|seen| match seen {
+                Seen::Enqueued(key, seq) => Some((key, seq)),
+                Seen::Acked(..) => None,
+            })
+            .collect()
+    }
 }
 
 impl Sink for SlowBroker {
@@ -25,14 +57,17 @@ impl Sink for SlowBroker {
     }
 
     fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
-        self.enqueued
+        let (key, seq) = (message.key.clone(), message.seq);
+        self.seen
             .lock()
             .unwrap()
-            .push((message.key.clone(), message.seq));
-        // The broker's answer comes 20 ms after the send, whenever the relay looks at it.
-        let answered_at = tokio::time::Instant::now() + Duration::from_millis(20);
+            .push(Seen::Enqueued(key.clone(), seq));
+        // The broker's answer comes `delay` after the send, whenever the relay looks at it.
+        let answered_at = tokio::time::Instant::now() + self.delay;
+        let seen = self.seen.clone();
         let ack: Ack = Box::pin(async move {
             tokio::time::sleep_until(answered_at).await;
+            seen.lock().unwrap().push(Seen::Acked(key, seq));
             Ok(())
         });
         Box::pin(async move { Ok(ack) })
@@ -51,7 +86,7 @@ async fn claims_overlapping_the_acks_send_each_event_once_and_in_order() {
     .unwrap();
     let mut config = f.relay_config();
     config.batch_size = 50;
-    let sink = SlowBroker::default();
+    let sink = SlowBroker::new(Duration::from_millis(20));
     let relay = Relay::new(config, sink.clone());
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
@@ -64,7 +99,7 @@ async fn claims_overlapping_the_acks_send_each_event_once_and_in_order() {
     shutdown.cancel();
     running.await.unwrap();
 
-    let enqueued = sink.enqueued.lock().unwrap().clone();
+    let enqueued = sink.enqueued();
     let mut seqs: Vec<i64> = enqueued.iter().map(|(_, seq)| *seq).collect();
     seqs.sort_unstable();
     seqs.dedup();
@@ -83,4 +118,62 @@ async fn claims_overlapping_the_acks_send_each_event_once_and_in_order() {
         assert!(order.is_sorted(), "{key}: {order:?}");
     }
     eprintln!("1000 events in batches of 50 with 20 ms acks: {elapsed:?}");
+}
+
+/// At a low rate the loop does not wait for a slow answer before it claims and sends again: an
+/// event of another aggregate committed meanwhile goes out before that answer, and the next event
+/// of the aggregate waiting for it only after it (ordering rule 4).
+#[tokio::test]
+async fn a_slow_answer_delays_only_its_own_aggregate() {
+    let f = Fixture::new().await;
+    let insert = |aggregate: &'static str| {
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+             VALUES (gen_random_uuid(), 'cart', '{aggregate}', 'CartChanged', '{{}}')"
+        )
+    };
+    let sink = SlowBroker::new(Duration::from_millis(500));
+    let relay = Relay::new(f.relay_config(), sink.clone());
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await }
+    });
+    f.db.execute_unprepared(&insert("a")).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sink.enqueued().is_empty() {
+        assert!(Instant::now() < deadline, "the first event was never sent");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // While the broker takes its time to answer for a's first event:
+    f.db.execute_unprepared(&insert("b")).await.unwrap();
+    f.db.execute_unprepared(&insert("a")).await.unwrap();
+    f.wait_until_drained(Duration::from_secs(30)).await;
+    shutdown.cancel();
+    running.await.unwrap();
+
+    let seen = sink.seen();
+    let at = |wanted: &dyn Fn(&Seen) -> bool| {
+        seen.iter()
+            .position(wanted)
+            .unwrap_or_else(|| panic!("missing from {seen:?}"))
+    };
+    let first_a_acked = at(&|s| matches!(s, Seen::Acked(key, _) if key == "a"));
+    let b_sent = at(&|s| matches!(s, Seen::Enqueued(key, _) if key == "b"));
+    let a_sent: Vec<usize> = (0..seen.len())
+        .filter(|&i| matches!(&seen[i], Seen::Enqueued(key, _) if key == "a"))
+        .collect();
+    assert!(
+        b_sent < first_a_acked,
+        "b went out while a's answer was awaited: {seen:?}"
+    );
+    assert_eq!(
+        a_sent.len(),
+        2,
+        "each of a's events was sent once: {seen:?}"
+    );
+    assert!(
+        first_a_acked < a_sent[1],
+        "a's second event waited for the answer to its first: {seen:?}"
+    );
 }

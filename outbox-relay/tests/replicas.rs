@@ -185,9 +185,11 @@ async fn a_replica_killed_mid_run_loses_nothing_and_keeps_first_delivery_order()
     });
     let duplicates = common::assert_complete_and_ordered(arrived, &expected);
     eprintln!("{duplicates} duplicates after the kill");
+    // At most two of the killed replica's batches were unsettled: one being settled, one in
+    // flight (docs/design.md, "Pipelining").
     assert!(
-        duplicates <= BATCH,
-        "{duplicates} duplicates: more than the killed replica's one batch in flight"
+        duplicates <= 2 * BATCH,
+        "{duplicates} duplicates: more than the killed replica's two unsettled batches"
     );
 }
 
