@@ -70,8 +70,8 @@ impl Admission {
         self.failed.insert(aggregate(row));
     }
 
-    /// The aggregates a batch sent before this one is answered must hold (rule 4): every aggregate
-    /// with an event among `sent`, this batch's sent rows, or refused here.
+    /// The aggregates a batch sent before this one is answered must hold (rule 4): those of
+    /// `sent` (this batch's sent rows) and those refused or parked here.
     pub fn unanswered<'r>(&self, sent: impl IntoIterator<Item = &'r OutboxRow>) -> Waiting {
         let mut waiting: HashSet<Aggregate> = sent.into_iter().map(aggregate).collect();
         waiting.extend(self.failed.iter().cloned());
