@@ -75,12 +75,17 @@ impl Leases {
         self.next_refresh
     }
 
-    /// Rebalances if due: counts live replicas, releases shards above this replica's fair share,
-    /// and tries to lease free shards up to it. Call it only between batches.
-    pub async fn refresh_if_due(&mut self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        if Instant::now() < self.next_refresh {
-            return Ok(());
-        }
+    /// Whether a rebalance is due at `now`. The relay reads the clock once per turn and decides
+    /// with that one reading both to settle the batch in flight and to rebalance: reading it twice,
+    /// a refresh could fall due between the two and move shards with unsettled rows.
+    pub fn due(&self, now: Instant) -> bool {
+        now >= self.next_refresh
+    }
+
+    /// Rebalances: counts live replicas, releases shards above this replica's fair share, and
+    /// tries to lease free shards up to it. Call it only with nothing in flight, when
+    /// [`due`](Self::due).
+    pub async fn refresh(&mut self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         self.next_refresh = Instant::now() + self.refresh_every;
         let members: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_locks

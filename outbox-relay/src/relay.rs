@@ -274,7 +274,7 @@ impl Relay {
             // answers come in while the loop waits for its next poll: then it is settled at once.
             let lease_due = leases
                 .as_ref()
-                .is_some_and(|l| std::time::Instant::now() >= l.next_refresh());
+                .is_some_and(|l| l.due(std::time::Instant::now()));
             if let Some(batch) = in_flight.take_if(|batch| {
                 shutdown.is_cancelled()
                     || lease_due
@@ -295,7 +295,9 @@ impl Relay {
             // Which shards this replica publishes (all rows on SQLite, which allows one relay).
             let shards: Vec<i16> = match (&mut leases, table.postgres()) {
                 (Some(leases), Some(conn)) => {
-                    leases.refresh_if_due(conn).await?;
+                    if lease_due {
+                        leases.refresh(conn).await?;
+                    }
                     metrics::shards(leases.held().len());
                     leases.held().to_vec()
                 }
