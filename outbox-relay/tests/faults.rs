@@ -1,5 +1,5 @@
 //! Faults on real PostgreSQL, Kafka and Pulsar, loopback only, each bounded in time: a broker
-//! stops answering (Kafka for 30 s, Pulsar while 2,000 events pile up), PostgreSQL restarts, the
+//! stops answering (Kafka for 45 s, past the producer's timeout, Pulsar while 2,000 events pile up), PostgreSQL restarts, the
 //! relay is killed again and again. Every test checks what a consumer received: nothing lost, each
 //! aggregate's first deliveries in order.
 //!
@@ -7,15 +7,14 @@
 
 mod common;
 
-use common::kafka::{Received, consume};
-use common::{Fixture, free_port, http_get_when_up};
+use common::kafka::consume;
+use common::meters::{self, Writer, assert_complete_and_ordered};
+use common::{Fixture, free_port, http_get_when_up, services};
 use seaorm_outbox::OutboxEvent;
-use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde::Serialize;
-use std::collections::BTreeMap;
-use std::process::Command;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 static ONE_FAULT_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -25,69 +24,6 @@ static ONE_FAULT_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_n
 struct Reading {
     meter: String,
     n: u64,
-}
-
-/// `scripts/services <command>`, on the services the tests run against.
-fn services(command: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services");
-    let status = Command::new(script)
-        .arg(command)
-        .status()
-        .expect("run scripts/services");
-    assert!(status.success(), "scripts/services {command} failed");
-}
-
-/// Records readings of 20 meters until stopped, one transaction per reading, each meter's `n`
-/// rising. A transaction that fails (the database restarting) is tried again; only committed
-/// readings count.
-struct Writer {
-    stop: Arc<AtomicBool>,
-    committed: Arc<Mutex<u64>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Writer {
-    fn start(f: &Fixture, pause: Duration) -> Writer {
-        let stop = Arc::new(AtomicBool::new(false));
-        let committed = Arc::new(Mutex::new(0));
-        let task = tokio::spawn({
-            let (db, stop, committed) = (f.db.clone(), stop.clone(), committed.clone());
-            async move {
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let reading = Reading {
-                        meter: format!("m-{}", n % 20),
-                        n,
-                    };
-                    let attempt = async {
-                        let txn = db.begin().await?;
-                        reading
-                            .record(&txn)
-                            .await
-                            .map_err(|e| seaorm_outbox::sea_orm::DbErr::Custom(e.to_string()))?;
-                        txn.commit().await
-                    };
-                    if attempt.await.is_ok() {
-                        n += 1;
-                        *committed.lock().unwrap() = n;
-                    }
-                    tokio::time::sleep(pause).await;
-                }
-            }
-        });
-        Writer {
-            stop,
-            committed,
-            task,
-        }
-    }
-
-    /// Stops writing; returns how many readings committed.
-    async fn finish(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap();
-        *self.committed.lock().unwrap()
-    }
 }
 
 /// Samples `pg_stat_activity` every 100 ms until finished: the age of the oldest open transaction of
@@ -131,26 +67,8 @@ impl TransactionWatch {
     }
 }
 
-/// Readings 0..total of `meters` meters, as the writers record them: reading n is meter
-/// `m-{n % meters}`'s.
-fn readings(total: u64, meters: u64) -> BTreeMap<String, Vec<u64>> {
-    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for n in 0..total {
-        expected
-            .entry(format!("m-{}", n % meters))
-            .or_default()
-            .push(n);
-    }
-    expected
-}
-
-/// Every reading 0..total of `meters` meters arrived, and each meter's first deliveries are in
-/// order.
-fn assert_complete_and_ordered(received: &[Received], total: u64, meters: u64) {
-    let arrived = received
-        .iter()
-        .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap()));
-    common::assert_complete_and_ordered(arrived, &readings(total, meters));
+fn reading(meter: String, n: u64) -> Reading {
+    Reading { meter, n }
 }
 
 fn metric(metrics: &str, name: &str) -> f64 {
@@ -161,7 +79,7 @@ fn metric(metrics: &str, name: &str) -> f64 {
 }
 
 #[tokio::test]
-async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
+async fn the_broker_stops_past_the_producers_timeout_and_nothing_is_lost() {
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
     let f = Fixture::new().await;
     let port = free_port();
@@ -171,7 +89,7 @@ async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
         .named(&name)
         .spawn_relay(&["--http-addr", &format!("127.0.0.1:{port}")]);
     let oldest_transaction = TransactionWatch::start(&f, &name);
-    let writer = Writer::start(&f, Duration::from_millis(5));
+    let writer = Writer::start(&f, 20, Duration::from_millis(5), reading);
     f.wait_until_zero(
         "SELECT CASE WHEN count(*) >= 200 THEN 0 ELSE 1 END::bigint FROM outbox WHERE published_at IS NOT NULL",
         Duration::from_secs(60),
@@ -184,8 +102,9 @@ async fn the_broker_stops_for_30_seconds_and_nothing_is_lost() {
         &http_get_when_up(port, "/metrics").await.1,
         "outbox_backlog_events",
     );
-    // The broker stays away for about 30 s while events keep being recorded.
-    tokio::time::sleep(Duration::from_secs(28)).await;
+    // The broker stays away past the producer's message.timeout.ms (30 s) while events keep being
+    // recorded: librdkafka times out what it holds, then sends what it still queues.
+    tokio::time::sleep(common::wal::PAST_THE_PRODUCERS_TIMEOUT).await;
     let during = metric(
         &http_get_when_up(port, "/metrics").await.1,
         "outbox_backlog_events",
@@ -242,7 +161,7 @@ async fn pulsar_stops_answering_and_nothing_is_lost() {
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
     let f = Fixture::new().await;
     let mut relay = f.spawn_pulsar_relay(&[]);
-    let writer = Writer::start(&f, Duration::from_millis(5));
+    let writer = Writer::start(&f, 20, Duration::from_millis(5), reading);
     f.wait_until_zero(
         "SELECT CASE WHEN count(*) >= 200 THEN 0 ELSE 1 END::bigint FROM outbox WHERE published_at IS NOT NULL",
         Duration::from_secs(60),
@@ -288,7 +207,7 @@ async fn pulsar_stops_answering_and_nothing_is_lost() {
         let payload: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
         (m.key.clone(), payload["n"].as_u64().unwrap())
     });
-    common::assert_complete_and_ordered(arrived, &readings(total, 20));
+    common::assert_complete_and_ordered(arrived, &meters::readings(total, 20));
 }
 
 #[tokio::test]
@@ -296,7 +215,7 @@ async fn postgres_restarts_and_the_relay_reconnects() {
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
     let f = Fixture::new().await;
     let mut relay = f.spawn_relay(&[]);
-    let writer = Writer::start(&f, Duration::from_millis(5));
+    let writer = Writer::start(&f, 20, Duration::from_millis(5), reading);
     f.wait_until_zero(
         "SELECT CASE WHEN count(*) >= 200 THEN 0 ELSE 1 END::bigint FROM outbox WHERE published_at IS NOT NULL",
         Duration::from_secs(60),

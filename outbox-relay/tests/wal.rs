@@ -8,17 +8,16 @@
 
 mod common;
 
-use common::kafka::{Received, consume};
+use common::kafka::consume;
+use common::meters::{Writer, assert_complete_and_ordered};
 use common::wal::WalFixture;
-use common::{Fixture, relay_command};
+use common::{relay_command, services};
 use seaorm_outbox::OutboxEvent;
 use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use seaorm_outbox_relay::sink::memory::MemorySink;
 use seaorm_outbox_relay::{Relay, Source};
 use serde::Serialize;
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -31,66 +30,6 @@ struct Reading {
     n: u64,
 }
 
-fn services(command: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services");
-    let status = std::process::Command::new(script)
-        .arg(command)
-        .status()
-        .expect("run scripts/services");
-    assert!(status.success(), "scripts/services {command} failed");
-}
-
-/// Records readings of `meters` meters until stopped, one transaction per reading; only committed
-/// readings count (a transaction that fails is tried again).
-struct Writer {
-    stop: Arc<AtomicBool>,
-    committed: Arc<Mutex<u64>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Writer {
-    fn start(f: &Fixture, meters: u64, pause: Duration) -> Writer {
-        let stop = Arc::new(AtomicBool::new(false));
-        let committed = Arc::new(Mutex::new(0));
-        let task = tokio::spawn({
-            let (db, stop, committed) = (f.db.clone(), stop.clone(), committed.clone());
-            async move {
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let reading = Reading {
-                        meter: format!("m-{}", n % meters),
-                        n,
-                    };
-                    let attempt = async {
-                        let txn = db.begin().await?;
-                        reading
-                            .record(&txn)
-                            .await
-                            .map_err(|e| seaorm_outbox::sea_orm::DbErr::Custom(e.to_string()))?;
-                        txn.commit().await
-                    };
-                    if attempt.await.is_ok() {
-                        n += 1;
-                        *committed.lock().unwrap() = n;
-                    }
-                    tokio::time::sleep(pause).await;
-                }
-            }
-        });
-        Writer {
-            stop,
-            committed,
-            task,
-        }
-    }
-
-    async fn finish(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.unwrap();
-        *self.committed.lock().unwrap()
-    }
-}
-
 /// Waits until a relay reads the slot (its signal handlers are installed by then).
 async fn wait_until_reading(w: &WalFixture) {
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -100,22 +39,8 @@ async fn wait_until_reading(w: &WalFixture) {
     }
 }
 
-fn readings(total: u64, meters: u64) -> BTreeMap<String, Vec<u64>> {
-    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for n in 0..total {
-        expected
-            .entry(format!("m-{}", n % meters))
-            .or_default()
-            .push(n);
-    }
-    expected
-}
-
-fn assert_complete_and_ordered(received: &[Received], total: u64, meters: u64) -> usize {
-    let arrived = received
-        .iter()
-        .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap()));
-    common::assert_complete_and_ordered(arrived, &readings(total, meters))
+fn reading(meter: String, n: u64) -> Reading {
+    Reading { meter, n }
 }
 
 #[tokio::test]
@@ -407,6 +332,60 @@ async fn a_poison_row_is_parked_and_retried_in_order() {
     w.drop_slot().await;
 }
 
+/// The stream replays from the confirmed position after a failure: a parked event read again
+/// keeps the reason it was parked for (it was overwritten with "waiting behind ..." once).
+#[tokio::test]
+async fn a_parked_event_read_again_keeps_its_reason() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    // Messages time out within 1 s while the broker is away: each timeout restarts the stream.
+    let mut relay = w.spawn_relay(&["--kafka-option", "message.timeout.ms=1000"]);
+    w.wait_for_slot().await;
+    wait_until_reading(&w).await;
+    services("pause-kafka");
+    // One transaction: a poison event, parked at once, and one the broker cannot answer now.
+    let txn = w.f.db.begin().await.unwrap();
+    txn.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES
+         (gen_random_uuid(), 'meter', 'm-bad', 'Reading', '{\"n\": 0}', '[1]'),
+         (gen_random_uuid(), 'meter', 'm-ok', 'Reading', '{\"n\": 1}', NULL)",
+    )
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+    // Long enough for a few timeouts, each replaying the transaction.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    services("resume-kafka");
+    let received = consume(&[&w.f.topic("meter")], 1, Duration::from_secs(60)).await;
+    assert_eq!(received[0].key, "m-ok");
+    w.wait_until_confirmed(Duration::from_secs(60)).await;
+    let reason: String = {
+        let row =
+            w.f.db
+                .query_one_raw(Statement::from_string(
+                    DbBackend::Postgres,
+                    "SELECT last_error FROM outbox WHERE aggregate_id = 'm-bad' AND parked_at IS NOT NULL",
+                ))
+                .await
+                .unwrap()
+                .expect("the poison event is parked");
+        row.try_get_by_index(0).unwrap()
+    };
+    assert!(
+        reason.contains("headers must be a JSON object"),
+        "the parked event's reason: {reason}"
+    );
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    assert!(
+        relay
+            .log()
+            .contains("resuming from the slot's confirmed position"),
+        "the stream never replayed: {}",
+        relay.log()
+    );
+    w.drop_slot().await;
+}
+
 #[tokio::test]
 async fn the_wal_source_refuses_to_start_beside_polling_relays_or_on_sqlite() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -521,7 +500,7 @@ async fn the_broker_stops_for_30_seconds_and_the_relay_is_killed_meanwhile_and_n
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut relay = w.f.named(&name).spawn_relay(&args);
     w.wait_for_slot().await;
-    let writer = Writer::start(&w.f, 20, Duration::from_millis(5));
+    let writer = Writer::start(&w.f, 20, Duration::from_millis(5), reading);
     tokio::time::sleep(Duration::from_secs(2)).await;
     services("pause-kafka");
     tokio::time::sleep(Duration::from_secs(14)).await;
@@ -560,13 +539,23 @@ async fn the_broker_stops_for_30_seconds_and_the_relay_is_killed_meanwhile_and_n
     w.drop_slot().await;
 }
 
+/// librdkafka times out what it holds while the broker is away longer than `message.timeout.ms`,
+/// and then sends what it still queues: the relay never hands it an aggregate's later event while
+/// an earlier one is unanswered, so nothing can overtake.
+#[tokio::test]
+async fn the_broker_stops_past_the_producers_timeout_and_each_aggregate_keeps_its_order() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    common::wal::the_broker_away_past_the_producers_timeout(&w, reading).await;
+}
+
 #[tokio::test]
 async fn postgres_restarts_and_the_stream_resumes() {
     let _one = ONE_AT_A_TIME.lock().await;
     let w = WalFixture::new().await;
     let mut relay = w.spawn_relay(&[]);
     w.wait_for_slot().await;
-    let writer = Writer::start(&w.f, 20, Duration::from_millis(5));
+    let writer = Writer::start(&w.f, 20, Duration::from_millis(5), reading);
     tokio::time::sleep(Duration::from_secs(2)).await;
     services("restart-postgres");
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -597,7 +586,7 @@ async fn a_standby_takes_over_when_the_reader_dies() {
     w.wait_for_slot().await;
     wait_until_reading(&w).await;
     let mut standby = w.spawn_relay(&[]);
-    let writer = Writer::start(&w.f, 20, Duration::from_millis(5));
+    let writer = Writer::start(&w.f, 20, Duration::from_millis(5), reading);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(standby.try_wait().unwrap().is_none(), "the standby exited");
     let reader_pid = format!(

@@ -257,3 +257,14 @@ async fn table_less_recording_on_sqlite_is_a_clear_error() {
     .unwrap_err();
     assert!(error.to_string().contains("needs PostgreSQL"), "{error}");
 }
+
+/// Table-less events with the broker away past the producer's `message.timeout.ms`: every event
+/// delivered, each aggregate's first deliveries in recording order.
+#[tokio::test]
+async fn the_broker_stops_past_the_producers_timeout_and_each_aggregate_keeps_its_order() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    table_less();
+    let w = WalFixture::new().await;
+    common::wal::the_broker_away_past_the_producers_timeout(&w, |meter, n| Reading { meter, n })
+        .await;
+}

@@ -21,7 +21,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -111,9 +111,10 @@ impl KafkaConfig {
 /// A producer can get stuck: after a broker stall, an idempotent librdkafka producer has been seen
 /// timing out every message while new producers on the same broker deliver at once, and a fatal
 /// idempotence error leaves it unusable for good. So after [`STUCK_AFTER`] rounds of failures with
-/// nothing delivered in between, or on a fatal error, the sink replaces its producer. A round is
-/// what was enqueued before a failure was heard of: a batch the broker times out is one round,
-/// however many messages it held.
+/// nothing delivered in between, or on a fatal error, the sink replaces its producer, before the
+/// next message and once the old one holds no unanswered message (two producers never deliver an
+/// aggregate's events side by side). A round is what was enqueued before a failure was heard of:
+/// a batch the broker times out is one round, however many messages it held.
 pub struct KafkaSink {
     shared: Arc<Shared>,
 }
@@ -132,10 +133,15 @@ struct Shared {
     round_heard_at: AtomicU64,
     /// Why the broker refuses the relay (authentication, TLS), as librdkafka last reported it.
     refused: watch::Sender<Option<String>>,
+    /// The producer looks stuck: replace it before the next message, once it holds none.
+    replace_wanted: AtomicBool,
 }
 
 /// Rounds of failures, with nothing delivered in between, before the producer is replaced.
 pub const STUCK_AFTER: u32 = 2;
+
+/// How long a stuck producer is given to answer every message it holds before it is replaced.
+const DRAIN_BEFORE_REPLACING: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for KafkaSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -229,6 +235,7 @@ impl KafkaSink {
                 failed_rounds: AtomicU32::new(0),
                 round_heard_at: AtomicU64::new(0),
                 refused,
+                replace_wanted: AtomicBool::new(false),
             }),
         })
     }
@@ -296,16 +303,41 @@ impl Shared {
         if !std::ptr::eq(Arc::as_ptr(&current), producer) {
             return; // replaced already
         }
+        if !self.replace_wanted.swap(true, Ordering::Relaxed) {
+            tracing::warn!(failed_rounds = failed, fatal = ?fatal, "the kafka producer looks stuck; replacing it once it holds no message");
+        }
+    }
+
+    /// Replaces a stuck producer (see [`KafkaSink`]), once every message it holds was answered: a
+    /// new producer must not deliver a later message of an aggregate while the old one may still
+    /// deliver an earlier one. Waits for that, at most [`DRAIN_BEFORE_REPLACING`] (messages time
+    /// out within `message.timeout.ms`).
+    async fn replace_if_wanted(&self) {
+        if !self.replace_wanted.load(Ordering::Relaxed) {
+            return;
+        }
+        let old = self.current();
+        let deadline = tokio::time::Instant::now() + DRAIN_BEFORE_REPLACING;
+        while old.in_flight_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if old.in_flight_count() > 0 {
+            tracing::warn!(
+                in_flight = old.in_flight_count(),
+                "the stuck kafka producer still holds messages; replacing it anyway"
+            );
+        }
         let fresh = match create(&self.client, &self.secrets, &self.refused) {
             Ok(fresh) => fresh,
             Err(e) => return tracing::warn!(error = %e, "could not create a new kafka producer"),
         };
-        tracing::warn!(failed_rounds = failed, fatal = ?fatal, "replacing the kafka producer");
+        tracing::warn!("replacing the kafka producer");
         let old = std::mem::replace(
             &mut *self.producer.write().expect("producer lock"),
             Arc::new(fresh),
         );
         self.failed_rounds.store(0, Ordering::Relaxed);
+        self.replace_wanted.store(false, Ordering::Relaxed);
         // Dropping a producer purges and flushes it, which may block briefly.
         tokio::task::spawn_blocking(move || drop(old));
     }
@@ -336,6 +368,11 @@ impl Sink for KafkaSink {
         Box::pin(self.fetch_metadata())
     }
 
+    fn purge(&self) {
+        // Only what is queued: a message on its way to the broker may arrive all the same.
+        self.shared.current().purge(PurgeConfig::default().queue());
+    }
+
     fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
         Box::pin(async move {
             // Refused before: send nothing until the broker accepts the client again.
@@ -343,6 +380,7 @@ impl Sink for KafkaSink {
                 self.fetch_metadata().await?;
                 self.shared.refused.send_replace(None);
             }
+            self.shared.replace_if_wanted().await;
             let producer = self.shared.current();
             let enqueued = self.shared.enqueued.fetch_add(1, Ordering::Relaxed);
             let delivery = enqueue(&producer, message).await?;

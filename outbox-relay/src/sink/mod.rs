@@ -216,6 +216,12 @@ pub trait Sink: Send + Sync {
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         Box::pin(futures::future::ready(Ok(())))
     }
+
+    /// Drops what the client still queues and has not sent, answering it with an error. The relay
+    /// calls it when it stops sending after a failure and will send those events again: a purged
+    /// message is not delivered late, after its own re-sent copy and what follows. The default
+    /// does nothing (a sink without a local queue has nothing to drop).
+    fn purge(&self) {}
 }
 
 impl<S: Sink + ?Sized> Sink for Box<S> {
@@ -229,6 +235,10 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
 
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         (**self).ready()
+    }
+
+    fn purge(&self) {
+        (**self).purge();
     }
 }
 

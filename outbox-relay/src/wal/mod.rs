@@ -3,38 +3,40 @@
 //!
 //! Events come in commit order, across all aggregates: rows inserted into the outbox table, and
 //! events that `record` emitted as logical messages without any table row (table-less recording).
-//! Each is handed to the sink at once; the answers are read in the same order, and the slot's
-//! position is confirmed at a transaction's commit once every event up to it was acknowledged.
-//! A transient failure ends the stream: it starts again from the last confirmed position, so
-//! nothing is lost and an aggregate's events are sent again in order. A poison event is parked in
+//! Each is handed to the sink at once, unless an earlier event of its aggregate is still unanswered:
+//! then it waits for that answer (`unconfirmed.rs`). The answers are settled in stream order, and
+//! the slot's position is confirmed at a transaction's commit once every event up to it was
+//! acknowledged. The first transient failure ends the stream (what the sink still queues is
+//! purged): it starts again from the last confirmed position, so nothing is lost and an
+//! aggregate's events are sent again in order. A poison event is parked in
 //! the outbox table (`outbox-relay failed`), and its aggregate's later events park behind it.
 //! See `docs/design.md`, "The WAL source".
 
 mod event;
 mod pgoutput;
 pub mod slot;
+mod unconfirmed;
 
 use crate::metrics;
 use crate::outbox_table::{OutboxRow, postgres_options};
 use crate::redact::redact_url;
 use crate::relay::Relay;
-use crate::sink::{FailureKind, SinkError};
-use futures::FutureExt;
-use futures::future::BoxFuture;
-use futures::stream::{FuturesOrdered, StreamExt};
+use crate::sink::SinkError;
 use pgoutput::{Change, Decoder};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use sqlx::{Connection, PgConnection};
 use std::collections::HashSet;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use unconfirmed::{Answer, Settled, Unconfirmed};
 
 pub use slot::{Refused, SlotStatus};
 
 /// The logical-message prefix of table-less events (`pg_logical_emit_message(true, 'outbox', …)`).
 pub const MESSAGE_PREFIX: &str = seaorm_outbox::LOGICAL_MESSAGE_PREFIX;
 
-/// How many events may wait for the broker's answer at once; the stream pauses beyond it.
+/// How many events may wait for the broker's answer (or behind an unanswered one of their
+/// aggregate) at once; the stream pauses beyond it.
 const MAX_UNCONFIRMED: usize = 10_000;
 
 /// How often a standby relay checks whether the slot's reader is gone.
@@ -132,21 +134,6 @@ impl From<slot::Prepare> for Stop {
     }
 }
 
-/// What the answers queue holds, in stream order: an event's answer, or a commit whose position
-/// can be confirmed once everything before it was answered.
-enum Settled {
-    Answered {
-        // Boxed: a row is much larger than a commit position.
-        row: Box<OutboxRow>,
-        topic: String,
-        answer: Result<(), SinkError>,
-    },
-    Committed {
-        lsn: Lsn,
-        commit_ms: Option<i64>,
-    },
-}
-
 /// Runs the WAL source until `shutdown`, reconnecting after failures; a standby waits for the
 /// slot.
 pub(crate) async fn run(relay: &Relay, source: &WalSource, shutdown: &CancellationToken) {
@@ -215,25 +202,25 @@ async fn stream(
     *streaming = true;
     tracing::info!(slot = %source.slot, "reading the WAL");
     let mut decoder = Decoder::default();
-    let mut unconfirmed: FuturesOrdered<BoxFuture<'static, Settled>> = FuturesOrdered::new();
+    let mut unconfirmed = Unconfirmed::new(relay.config.ack_timeout, !relay.config.skip_parked);
     let mut commit_ms = None;
     let mut confirmed = Lsn::ZERO;
-    let ack_timeout = relay.config.ack_timeout;
     loop {
+        // Everything settled at the front of the stream: parked, counted, or confirmed.
+        if let Some(lsn) = settle_front(&mut db, &mut parked, &mut unconfirmed).await? {
+            wal.update_applied_lsn(lsn);
+            confirmed = lsn;
+        }
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            Some(settled) = unconfirmed.next() => match settled {
-                Settled::Committed { lsn, commit_ms } => {
-                    wal.update_applied_lsn(lsn);
-                    confirmed = lsn;
-                    metrics::wal_confirmed(commit_ms);
-                }
-                Settled::Answered { row, topic, answer } => {
-                    settle(&mut db, &mut parked, &row, &topic, answer).await?;
-                }
-            },
-            event = wal.recv(), if unconfirmed.len() < MAX_UNCONFIRMED => {
+            answer = unconfirmed.next_answer() => {
+                // The first transient failure stops the stream: nothing more is sent, and it
+                // starts again from the confirmed position.
+                let released = answer.map_err(|e| stop_sending(relay, e))?;
+                send_released(relay, &mut unconfirmed, released).await?;
+            }
+            event = wal.recv(), if unconfirmed.events() < MAX_UNCONFIRMED => {
                 let event = event?.ok_or_else(|| Stop::Stream("the server ended it".into()))?;
                 let rows = match event {
                     ReplicationEvent::Begin { commit_time_micros, .. } => {
@@ -254,8 +241,7 @@ async fn stream(
                         event::from_message(&content, commit_ms, relay.config.max_payload_bytes)
                     }
                     ReplicationEvent::Commit { end_lsn, .. } => {
-                        let done = Settled::Committed { lsn: end_lsn, commit_ms };
-                        unconfirmed.push_back(futures::future::ready(done).boxed());
+                        unconfirmed.commit(end_lsn, commit_ms);
                         Vec::new()
                     }
                     ReplicationEvent::KeepAlive { wal_end, .. } => {
@@ -274,39 +260,44 @@ async fn stream(
                         park(&mut db, &row, &parked.reason(&row)).await?;
                         continue;
                     }
-                    let answer = match relay.router.message(&row) {
+                    let message = match relay.router.message(&row) {
+                        Ok(message) => message,
                         Err(reason) => {
                             park(&mut db, &row, &reason).await?;
                             parked.hold(&row);
                             continue;
                         }
-                        Ok(message) => {
-                            let topic = message.topic.clone();
-                            match relay.sink.enqueue(&message).await {
-                                Ok(ack) => async move {
-                                    let answer = tokio::time::timeout(ack_timeout, ack).await.unwrap_or_else(|_| {
-                                        Err(SinkError::new(format!("no answer from the sink within {ack_timeout:?}")))
-                                    });
-                                    Settled::Answered { row: Box::new(row), topic, answer }
-                                }
-                                .boxed(),
-                                Err(e) => futures::future::ready(Settled::Answered { row: Box::new(row), topic, answer: Err(e) }).boxed(),
-                            }
-                        }
                     };
-                    unconfirmed.push_back(answer);
+                    // An aggregate with an event unanswered holds its later ones (ordering rule 4).
+                    if !unconfirmed.may_send(&row) {
+                        unconfirmed.hold(row, message);
+                        continue;
+                    }
+                    let topic = message.topic.clone();
+                    match relay.sink.enqueue(&message).await {
+                        Ok(ack) => unconfirmed.sent(row, topic, ack),
+                        Err(e) if e.is_permanent() => unconfirmed.refused(row, topic, e),
+                        Err(e) => return Err(stop_sending(relay, e)),
+                    }
                 }
             }
         }
     }
     // Shutdown: everything handed to the sink is answered and confirmed before the stream stops.
-    while let Some(settled) = unconfirmed.next().await {
-        match settled {
-            Settled::Committed { lsn, .. } => confirmed = lsn,
-            Settled::Answered { row, topic, answer } => {
-                settle(&mut db, &mut parked, &row, &topic, answer).await?;
-            }
+    loop {
+        if let Some(lsn) = settle_front(&mut db, &mut parked, &mut unconfirmed).await? {
+            confirmed = lsn;
         }
+        if unconfirmed.is_empty() {
+            break;
+        }
+        let released = unconfirmed.next_answer().await;
+        send_released(
+            relay,
+            &mut unconfirmed,
+            released.map_err(|e| stop_sending(relay, e))?,
+        )
+        .await?;
     }
     let _ = wal.shutdown().await;
     // The stream may stop before its last status update reached the server: confirm it here.
@@ -323,27 +314,80 @@ async fn stream(
     Ok(())
 }
 
-/// Acts on the broker's answer for one event: counted, parked, or the end of this stream.
+/// Settles the entries at the front of the stream whose answers are in, in order; returns the
+/// last commit position that may now be confirmed.
+async fn settle_front(
+    db: &mut PgConnection,
+    parked: &mut Parked,
+    unconfirmed: &mut Unconfirmed<'_>,
+) -> Result<Option<Lsn>, Stop> {
+    let mut confirm = None;
+    while let Some(settled) = unconfirmed.pop_settled() {
+        match settled {
+            Settled::Commit { lsn, commit_ms } => {
+                metrics::wal_confirmed(commit_ms);
+                confirm = Some(lsn);
+            }
+            Settled::Event { row, topic, answer } => {
+                settle(db, parked, &row, &topic, answer).await?;
+            }
+        }
+    }
+    Ok(confirm)
+}
+
+/// Hands the events an answer released to the sink, in order (ordering rule 4: they waited for
+/// their aggregate's earlier events to be acknowledged).
+async fn send_released(
+    relay: &Relay,
+    unconfirmed: &mut Unconfirmed<'_>,
+    released: Vec<(u64, crate::sink::Message)>,
+) -> Result<(), Stop> {
+    for (position, message) in released {
+        let sent = if unconfirmed.failed_at(position) {
+            None
+        } else {
+            Some(relay.sink.enqueue(&message).await)
+        };
+        if let Some(Err(e)) = &sent
+            && !e.is_permanent()
+        {
+            return Err(stop_sending(relay, e.clone()));
+        }
+        unconfirmed.released(position, sent);
+    }
+    Ok(())
+}
+
+/// The stream stops at a transient failure: what the sink still queues is dropped (it would be
+/// sent again, after what the stream sends from the confirmed position).
+fn stop_sending(relay: &Relay, error: SinkError) -> Stop {
+    metrics::wal_failure("transient");
+    relay.sink.purge();
+    Stop::Sink(error)
+}
+
+/// Acts on what became of one event, in stream order: counted, or parked.
 async fn settle(
     db: &mut PgConnection,
     parked: &mut Parked,
     row: &OutboxRow,
     topic: &str,
-    answer: Result<(), SinkError>,
+    answer: Answer,
 ) -> Result<(), Stop> {
     match answer {
-        // Its aggregate had an event parked earlier in this stream: it waits behind it (it was
-        // delivered, and will be again, in order, when the parked event is retried).
-        Ok(()) if parked.is_holding(row) => park(db, row, &parked.reason(row)).await?,
-        Ok(()) => metrics::published(topic, row.created_ms),
-        Err(e) if e.kind == FailureKind::Permanent => {
+        // Its aggregate had an event parked earlier in this stream: it waits behind it (if it was
+        // delivered, it will be again, in order, when the parked event is retried).
+        Answer::Held => park(db, row, &parked.reason(row)).await?,
+        Answer::Sink(Ok(())) if parked.is_holding(row) => {
+            park(db, row, &parked.reason(row)).await?
+        }
+        Answer::Sink(Ok(())) => metrics::published(topic, row.created_ms),
+        Answer::Sink(Err(e)) => {
+            // Only permanent failures are settled: a transient one stopped the stream.
             metrics::wal_failure("permanent");
             park(db, row, &e.message).await?;
             parked.hold(row);
-        }
-        Err(e) => {
-            metrics::wal_failure("transient");
-            return Err(Stop::Sink(e));
         }
     }
     Ok(())
@@ -430,7 +474,10 @@ async fn park(db: &mut PgConnection, row: &OutboxRow, reason: &str) -> Result<()
                              payload, headers, attempts, last_error, parked_at)
          VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7::jsonb, 'null'::jsonb), $8::jsonb, 1, $9, now())
          ON CONFLICT (id) DO UPDATE SET parked_at = now(), last_error = EXCLUDED.last_error,
-                                        attempts = outbox.attempts + 1",
+                                        attempts = outbox.attempts + 1
+         -- A parked event read again (the stream replays from the confirmed position) keeps the
+         -- reason it was parked for.
+         WHERE outbox.parked_at IS NULL",
     )
     .bind(id)
     .bind(&row.aggregate_type)

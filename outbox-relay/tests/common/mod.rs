@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod kafka;
+pub mod meters;
 pub mod pulsar;
 pub mod secure;
 pub mod wal;
@@ -13,6 +14,16 @@ use seaorm_outbox::sea_orm::{
 use seaorm_outbox_relay::RelayConfig;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// `scripts/services <command>` on the services the tests run against (`pause-kafka`, say).
+pub fn services(command: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/services");
+    let status = Command::new(script)
+        .arg(command)
+        .status()
+        .expect("run scripts/services");
+    assert!(status.success(), "scripts/services {command} failed");
+}
 
 /// A fresh PostgreSQL schema with the outbox tables, and topics of its own.
 #[derive(Clone)]

@@ -1,6 +1,9 @@
 //! The WAL source's fixture: a schema of its own, and a slot and publication named after it.
 
-use super::{Fixture, KillOnDrop};
+use super::kafka::consume;
+use super::meters::{Writer, assert_complete_and_ordered};
+use super::{Fixture, KillOnDrop, services, terminate};
+use seaorm_outbox::OutboxEvent;
 use seaorm_outbox_relay::wal::WalSource;
 use std::time::{Duration, Instant};
 
@@ -93,4 +96,44 @@ impl WalFixture {
             .await
             .expect("drop the slot");
     }
+}
+
+/// How long the broker stays away in the long-outage tests: past the producer's
+/// `message.timeout.ms` (30 s), so librdkafka times out what it holds and a producer could deliver
+/// a later event of an aggregate after an earlier one timed out.
+pub const PAST_THE_PRODUCERS_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// The broker stopped (SIGSTOP) for [`PAST_THE_PRODUCERS_TIMEOUT`] while writers keep recording
+/// readings of 20 meters with `reading` (rows or table-less, as the process records): every
+/// reading arrives, each meter's first deliveries in recording order.
+pub async fn the_broker_away_past_the_producers_timeout<E>(
+    w: &WalFixture,
+    reading: fn(String, u64) -> E,
+) where
+    E: OutboxEvent + Send + Sync + 'static,
+{
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    let writer = Writer::start(&w.f, 20, Duration::from_millis(5), reading);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    services("pause-kafka");
+    tokio::time::sleep(PAST_THE_PRODUCERS_TIMEOUT).await;
+    services("resume-kafka");
+    assert!(
+        relay.try_wait().unwrap().is_none(),
+        "the relay exited while the broker was away"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let total = writer.finish().await;
+    w.wait_until_confirmed(Duration::from_secs(180)).await;
+    assert_eq!(terminate(&mut relay), Some(0));
+    let received = consume(
+        &[&w.f.topic("meter")],
+        total as usize,
+        Duration::from_secs(120),
+    )
+    .await;
+    let duplicates = assert_complete_and_ordered(&received, total, 20);
+    eprintln!("{total} readings, {duplicates} duplicates");
+    w.drop_slot().await;
 }

@@ -1,0 +1,91 @@
+//! Meter readings, the workload of the fault tests: writers record readings of a few meters, one
+//! transaction each, and a consumer checks that every reading arrived with each meter's first
+//! deliveries in recording order.
+
+use super::Fixture;
+use super::kafka::Received;
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::TransactionTrait;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Records readings of `meters` meters until stopped, one transaction per reading: reading `n` is
+/// meter `m-{n % meters}`'s, made by `reading(meter, n)`. A transaction that fails (the database
+/// restarting) is tried again; only committed readings count.
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    committed: Arc<Mutex<u64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    pub fn start<E>(
+        f: &Fixture,
+        meters: u64,
+        pause: Duration,
+        reading: fn(String, u64) -> E,
+    ) -> Writer
+    where
+        E: OutboxEvent + Send + Sync + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let committed = Arc::new(Mutex::new(0));
+        let task = tokio::spawn({
+            let (db, stop, committed) = (f.db.clone(), stop.clone(), committed.clone());
+            async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let event = reading(format!("m-{}", n % meters), n);
+                    let attempt = async {
+                        let txn = db.begin().await?;
+                        event
+                            .record(&txn)
+                            .await
+                            .map_err(|e| seaorm_outbox::sea_orm::DbErr::Custom(e.to_string()))?;
+                        txn.commit().await
+                    };
+                    if attempt.await.is_ok() {
+                        n += 1;
+                        *committed.lock().unwrap() = n;
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        });
+        Writer {
+            stop,
+            committed,
+            task,
+        }
+    }
+
+    /// Stops writing; returns how many readings committed.
+    pub async fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap();
+        *self.committed.lock().unwrap()
+    }
+}
+
+/// Readings 0..total of `meters` meters, as the writers record them.
+pub fn readings(total: u64, meters: u64) -> BTreeMap<String, Vec<u64>> {
+    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for n in 0..total {
+        expected
+            .entry(format!("m-{}", n % meters))
+            .or_default()
+            .push(n);
+    }
+    expected
+}
+
+/// Every reading 0..total of `meters` meters arrived (its `n` in the payload), each meter's first
+/// deliveries in order. Returns how many deliveries were duplicates.
+pub fn assert_complete_and_ordered(received: &[Received], total: u64, meters: u64) -> usize {
+    let arrived = received
+        .iter()
+        .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap()));
+    super::assert_complete_and_ordered(arrived, &readings(total, meters))
+}
