@@ -143,20 +143,7 @@ mod tests {
     use super::*;
 
     fn row(aggregate_id: &str, seq: i64, attempts: i32) -> OutboxRow {
-        OutboxRow {
-            id: format!("id-{seq}"),
-            seq,
-            aggregate_type: "order".into(),
-            aggregate_id: aggregate_id.into(),
-            event_type: "OrderPlaced".into(),
-            event_version: 1,
-            topic: None,
-            payload: bytes::Bytes::from_static(b"{}"),
-            headers: None,
-            attempts,
-            created_ms: None,
-            defect: None,
-        }
+        OutboxRow::for_test(aggregate_id, seq, attempts)
     }
 
     /// Enqueues `rows` as the relay does, the sink refusing the rows in `refused_seqs`: the seqs

@@ -38,6 +38,27 @@ pub(crate) struct OutboxRow {
     pub defect: Option<String>,
 }
 
+#[cfg(test)]
+impl OutboxRow {
+    /// An `order` row of `aggregate_id`, for the ordering rules' unit tests.
+    pub(crate) fn for_test(aggregate_id: &str, seq: i64, attempts: i32) -> OutboxRow {
+        OutboxRow {
+            id: format!("id-{seq}"),
+            seq,
+            aggregate_type: "order".into(),
+            aggregate_id: aggregate_id.into(),
+            event_type: "OrderPlaced".into(),
+            event_version: 1,
+            topic: None,
+            payload: bytes::Bytes::from_static(b"{}"),
+            headers: None,
+            attempts,
+            created_ms: None,
+            defect: None,
+        }
+    }
+}
+
 /// Which row an outcome is about. PostgreSQL settles rows by `id`, its primary key (a uuid,
 /// always readable); SQLite by `seq`, its primary key (an integer, readable where a hand-written
 /// `id` may not be).

@@ -323,20 +323,7 @@ mod tests {
     use futures::channel::oneshot;
 
     fn row(aggregate_id: &str, seq: i64) -> OutboxRow {
-        OutboxRow {
-            id: format!("id-{seq}"),
-            seq,
-            aggregate_type: "order".into(),
-            aggregate_id: aggregate_id.into(),
-            event_type: "OrderPlaced".into(),
-            event_version: 1,
-            topic: None,
-            payload: bytes::Bytes::from_static(b"{}"),
-            headers: None,
-            attempts: 0,
-            created_ms: None,
-            defect: None,
-        }
+        OutboxRow::for_test(aggregate_id, seq, 0)
     }
 
     fn message(seq: i64) -> Message {
