@@ -319,7 +319,7 @@ async fn stream(
 async fn settle_front(
     db: &mut PgConnection,
     parked: &mut Parked,
-    unconfirmed: &mut Unconfirmed<'_>,
+    unconfirmed: &mut Unconfirmed,
 ) -> Result<Option<Lsn>, Stop> {
     let mut confirm = None;
     while let Some(settled) = unconfirmed.pop_settled() {
@@ -340,7 +340,7 @@ async fn settle_front(
 /// their aggregate's earlier events to be acknowledged).
 async fn send_released(
     relay: &Relay,
-    unconfirmed: &mut Unconfirmed<'_>,
+    unconfirmed: &mut Unconfirmed,
     released: Vec<(u64, crate::sink::Message)>,
 ) -> Result<(), Stop> {
     for (position, message) in released {

@@ -76,19 +76,19 @@ struct Pending {
 }
 
 /// The unconfirmed part of the stream (see the module's doc).
-pub(super) struct Unconfirmed<'a> {
+pub(super) struct Unconfirmed {
     entries: VecDeque<Entry>,
     /// The stream position of `entries[0]`.
     first: u64,
     events: usize,
-    acks: FuturesUnordered<BoxFuture<'a, (u64, Result<(), SinkError>)>>,
+    acks: FuturesUnordered<BoxFuture<'static, (u64, Result<(), SinkError>)>>,
     pending: HashMap<Aggregate, Pending>,
     ack_timeout: Duration,
     /// Whether an aggregate's later events wait behind a failed one (not with `skip_parked`).
     hold_after_failure: bool,
 }
 
-impl<'a> Unconfirmed<'a> {
+impl Unconfirmed {
     pub fn new(ack_timeout: Duration, hold_after_failure: bool) -> Self {
         Unconfirmed {
             entries: VecDeque::new(),
@@ -343,10 +343,7 @@ mod tests {
     }
 
     /// Reads `row` as the WAL source does: sent when its aggregate has nothing pending, else held.
-    fn read(
-        u: &mut Unconfirmed<'_>,
-        row: OutboxRow,
-    ) -> Option<oneshot::Sender<Result<(), SinkError>>> {
+    fn read(u: &mut Unconfirmed, row: OutboxRow) -> Option<oneshot::Sender<Result<(), SinkError>>> {
         if u.may_send(&row) {
             let (tx, ack) = ack();
             u.sent(row, "t".into(), ack);
@@ -358,7 +355,7 @@ mod tests {
         }
     }
 
-    fn settled_seqs(u: &mut Unconfirmed<'_>) -> Vec<(i64, &'static str)> {
+    fn settled_seqs(u: &mut Unconfirmed) -> Vec<(i64, &'static str)> {
         std::iter::from_fn(|| u.pop_settled())
             .filter_map(|settled| match settled {
                 Settled::Event { row, answer, .. } => Some((
