@@ -42,9 +42,18 @@ impl SchemaStep {
 }
 
 /// Every step, oldest first.
-pub const STEPS: &[SchemaStep] = &[SchemaStep {
-    name: "m0001_outbox",
-    postgres: include_str!("../sql/postgres/0001_outbox.sql"),
-    sqlite: include_str!("../sql/sqlite/0001_outbox.sql"),
-    down: "DROP TABLE IF EXISTS processed_events; DROP TABLE IF EXISTS outbox;",
-}];
+pub const STEPS: &[SchemaStep] = &[
+    SchemaStep {
+        name: "m0001_outbox",
+        postgres: include_str!("../sql/postgres/0001_outbox.sql"),
+        sqlite: include_str!("../sql/sqlite/0001_outbox.sql"),
+        down: "DROP TABLE IF EXISTS processed_events; DROP TABLE IF EXISTS outbox;",
+    },
+    SchemaStep {
+        name: "m0002_held",
+        postgres: include_str!("../sql/postgres/0002_held.sql"),
+        sqlite: include_str!("../sql/sqlite/0002_held.sql"),
+        down: "DROP INDEX IF EXISTS outbox_held; ALTER TABLE outbox DROP COLUMN recorded; \
+               ALTER TABLE outbox DROP COLUMN held_at;",
+    },
+];

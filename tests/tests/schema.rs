@@ -96,7 +96,7 @@ async fn describe_sqlite(db: &DatabaseConnection) -> Described {
     Described { columns, indexes }
 }
 
-const OUTBOX_COLUMNS: [&str; 16] = [
+const OUTBOX_COLUMNS: [&str; 18] = [
     "id",
     "seq",
     "aggregate_type",
@@ -111,6 +111,8 @@ const OUTBOX_COLUMNS: [&str; 16] = [
     "last_error",
     "retry_at",
     "parked_at",
+    "held_at",
+    "recorded",
     "created_at",
     "published_at",
 ];
