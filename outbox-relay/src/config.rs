@@ -3,8 +3,18 @@
 use crate::outbox_table::Mode;
 use crate::routing::DEFAULT_TOPIC_TEMPLATE;
 use crate::wakeup::Wakeup;
-use crate::wal::WalSource;
 use std::time::Duration;
+
+/// Exponential backoff with jitter, from 100 ms up to `max`.
+pub(crate) fn backoff(max: Duration) -> impl Iterator<Item = Duration> + Send + use<> {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(max)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
 
 /// How a [`Relay`](crate::Relay) runs. Start from [`RelayConfig::new`] and change what you need.
 ///
@@ -97,6 +107,11 @@ pub enum Source {
 }
 
 impl RelayConfig {
+    /// Exponential backoff with jitter, from 100 ms up to [`max_backoff`](Self::max_backoff).
+    pub(crate) fn backoff(&self) -> impl Iterator<Item = Duration> + Send + use<> {
+        backoff(self.max_backoff)
+    }
+
     /// The defaults, for the database at `database_url`.
     pub fn new(database_url: impl Into<String>) -> Self {
         RelayConfig {
@@ -143,5 +158,54 @@ impl std::fmt::Debug for RelayConfig {
             .field("ack_timeout", &self.ack_timeout)
             .field("source", &self.source)
             .finish()
+    }
+}
+
+/// Where the WAL source reads: a replication slot and the publication of the outbox table.
+///
+/// ```
+/// use seaorm_outbox_relay::wal::WalSource;
+///
+/// let source = WalSource::default();
+/// assert_eq!((source.slot.as_str(), source.publication.as_str()), ("outbox_relay", "outbox_relay"));
+/// assert!(WalSource::new("orders_relay", "orders_outbox").is_ok());
+/// assert!(WalSource::new("Bad-Name", "p").is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WalSource {
+    /// The logical replication slot, created with the `pgoutput` plugin if missing.
+    pub slot: String,
+    /// The publication of the outbox table's inserts, created if missing.
+    pub publication: String,
+}
+
+impl WalSource {
+    /// A source with these names: lowercase letters, digits and `_`, as PostgreSQL requires of a
+    /// slot name (and the relay of a publication name, which it writes into SQL).
+    pub fn new(slot: impl Into<String>, publication: impl Into<String>) -> Result<Self, String> {
+        let (slot, publication) = (slot.into(), publication.into());
+        for (what, name) in [("slot", &slot), ("publication", &publication)] {
+            let plain = !name.is_empty()
+                && name.len() <= 63
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !plain {
+                return Err(format!(
+                    "WAL {what} name `{name}`: use 1 to 63 lowercase letters, digits and _"
+                ));
+            }
+        }
+        Ok(WalSource { slot, publication })
+    }
+}
+
+impl Default for WalSource {
+    fn default() -> Self {
+        WalSource {
+            slot: "outbox_relay".into(),
+            publication: "outbox_relay".into(),
+        }
     }
 }

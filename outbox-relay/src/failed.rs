@@ -5,7 +5,7 @@
 //! which records the reason and lets the aggregate's later events go out, in order.
 
 use crate::outbox_table::OutboxTable;
-use sqlx::FromRow;
+use sqlx::{Connection, FromRow};
 
 /// A parked event, as `failed list` shows it.
 #[derive(Debug, Clone, FromRow)]
@@ -85,57 +85,56 @@ fn dialect(table: &OutboxTable, sql: &str) -> String {
 /// Every parked event, oldest first.
 pub async fn list(database_url: &str) -> Result<Vec<ParkedEvent>, sqlx::Error> {
     let mut table = OutboxTable::connect(database_url).await?;
-    let sql = "SELECT CAST(o.id AS TEXT) AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
-                      o.attempts, o.last_error, CAST(o.parked_at AS TEXT) AS parked_at,
-                      (SELECT count(*) FROM outbox w
-                       WHERE w.aggregate_type = o.aggregate_type AND w.aggregate_id = o.aggregate_id
-                         AND w.published_at IS NULL AND w.seq > o.seq) AS waiting
-               FROM outbox o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL ORDER BY o.seq";
+    // The polling relay's waiting events are its unpublished ones; the WAL source marks the
+    // events it holds (it never marks the ones it published).
+    let waiting = if read_by_wal(&mut table).await? {
+        "w.held_at IS NOT NULL"
+    } else {
+        "w.published_at IS NULL"
+    };
+    let sql = format!(
+        "SELECT CAST(o.id AS TEXT) AS id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type,
+                o.attempts, o.last_error, CAST(o.parked_at AS TEXT) AS parked_at,
+                (SELECT count(*) FROM outbox w
+                 WHERE w.aggregate_type = o.aggregate_type AND w.aggregate_id = o.aggregate_id
+                   AND {waiting} AND w.seq > o.seq) AS waiting
+         FROM outbox o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL ORDER BY o.seq"
+    );
+    // Audited: built from this module's fragments, no value in it.
+    let sql = sqlx::AssertSqlSafe(sql);
     match &mut table {
         OutboxTable::Postgres(conn) => sqlx::query_as(sql).fetch_all(conn).await,
         OutboxTable::Sqlite(conn) => sqlx::query_as(sql).fetch_all(conn).await,
     }
 }
 
+/// Whether a WAL relay reads the table (it is in a publication): parked events are then released
+/// through the stream.
+async fn read_by_wal(table: &mut OutboxTable) -> Result<bool, sqlx::Error> {
+    match table.postgres() {
+        Some(conn) => Ok(!crate::wal::slot::publications(conn).await?.is_empty()),
+        None => Ok(false),
+    }
+}
+
 /// Makes the selected parked (or backing-off) events due again; returns how many.
 ///
-/// When a WAL relay reads the table (it is in a publication), a parked event is written again:
-/// deleted and inserted anew, in `seq` order, so the insert reaches the WAL relay. It takes the
-/// parked events of every selected aggregate with it, so they leave in their order.
+/// Under the WAL source they become held events of their aggregates, and the same transaction
+/// writes a release into the WAL: the relay sends each selected aggregate's held events in `seq`
+/// order once everything it read before has settled, so no later event goes out first.
 pub async fn retry(database_url: &str, selection: &Selection) -> Result<u64, sqlx::Error> {
     let (condition, params) = selection.condition();
-    let mut table = OutboxTable::connect(database_url).await?;
-    if let Some(conn) = table.postgres()
-        && !crate::wal::slot::publications(conn).await?.is_empty()
-    {
-        let sql = format!(
-            "WITH selected AS (
-                 SELECT DISTINCT aggregate_type, aggregate_id FROM outbox
-                 WHERE published_at IS NULL AND parked_at IS NOT NULL AND {condition}
-             ), moved AS (
-                 DELETE FROM outbox o USING selected s
-                 WHERE o.aggregate_type = s.aggregate_type AND o.aggregate_id = s.aggregate_id
-                   AND o.published_at IS NULL AND o.parked_at IS NOT NULL
-                 RETURNING o.*
-             )
-             INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic,
-                                 payload, headers, attempts, last_error, created_at)
-             SELECT id, aggregate_type, aggregate_id, event_type, event_version, topic, payload,
-                    headers, attempts, last_error, created_at
-             FROM moved ORDER BY seq"
-        );
-        return execute(database_url, &sql, params).await;
-    }
-    drop(table);
     let sql = format!(
-        "UPDATE outbox SET parked_at = NULL, retry_at = NULL
+        "UPDATE outbox SET parked_at = NULL, retry_at = NULL{{held}}
          WHERE published_at IS NULL AND (parked_at IS NOT NULL OR retry_at IS NOT NULL) AND {condition}"
     );
     execute(database_url, &sql, params).await
 }
 
 /// Gives up on the selected parked events: they leave the backlog as if published, with the
-/// reason kept in `last_error` (and `parked_at` kept as the record). Returns how many.
+/// reason kept in `last_error` (and `parked_at` kept as the record). Returns how many. Their
+/// aggregates' later events go out, in order (under the WAL source, through a release as
+/// [`retry`] writes).
 pub async fn skip(
     database_url: &str,
     selection: &Selection,
@@ -151,11 +150,35 @@ pub async fn skip(
     execute(database_url, &sql, params).await
 }
 
+/// Runs one of this module's updates; under the WAL source, with the release of the aggregates it
+/// changed, in one transaction. `{held}` in `sql` marks what a retry makes held there.
 async fn execute(database_url: &str, sql: &str, params: Vec<String>) -> Result<u64, sqlx::Error> {
     let mut table = OutboxTable::connect(database_url).await?;
-    let sql = dialect(&table, sql);
+    let wal = read_by_wal(&mut table).await?;
+    let sql = dialect(&table, sql).replace("{held}", if wal { ", held_at = now()" } else { "" });
     // Audited: the statement is built from this module's fragments; every value is a parameter.
     let rows = match &mut table {
+        OutboxTable::Postgres(conn) if wal => {
+            let mut tx = conn.begin().await?;
+            let sql = format!("{sql} RETURNING aggregate_type, aggregate_id");
+            let mut query =
+                sqlx::query_as::<_, (String, String)>(sqlx::AssertSqlSafe(sql.as_str()));
+            for p in &params {
+                query = query.bind(p);
+            }
+            let changed = query.fetch_all(&mut *tx).await?;
+            let aggregates: std::collections::BTreeSet<&(String, String)> =
+                changed.iter().collect();
+            if !aggregates.is_empty() {
+                sqlx::query("SELECT pg_logical_emit_message(true, $1, $2)")
+                    .bind(crate::wal::RELEASE_MESSAGE_PREFIX)
+                    .bind(serde_json::to_string(&aggregates).expect("strings serialize"))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            changed.len() as u64
+        }
         OutboxTable::Postgres(conn) => {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
             for p in &params {

@@ -13,9 +13,8 @@
 //! | `outbox_commit_to_ack_seconds` | histogram | from recording (`created_at`) to the broker's ack |
 //! | `outbox_shards_leased` | gauge | shards this replica publishes |
 
-use crate::outbox_table::{Outcome, every_tick};
+use crate::outbox_table::Outcome;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 pub(crate) const BACKLOG: &str = "outbox_backlog_events";
 pub(crate) const OLDEST_AGE: &str = "outbox_oldest_unpublished_age_seconds";
@@ -126,29 +125,11 @@ pub(crate) fn shards(n: usize) {
     metrics::gauge!(SHARDS).set(n as f64);
 }
 
-/// Samples the backlog gauges every `every` until `shutdown`.
-pub(crate) async fn sample_backlog(
-    database_url: String,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    every_tick(
-        &database_url,
-        every,
-        shutdown,
-        "sampling the backlog",
-        |table| {
-            Box::pin(async move {
-                let status = crate::status::status_on(table).await?;
-                metrics::gauge!(BACKLOG).set(status.backlog as f64);
-                metrics::gauge!(PARKED).set(status.parked as f64);
-                metrics::gauge!(OLDEST_AGE)
-                    .set(status.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
-                Ok(())
-            })
-        },
-    )
-    .await;
+/// Records a sample of the backlog (`outbox-relay status`'s figures).
+pub(crate) fn backlog_sampled(backlog: i64, parked: i64, oldest_unpublished: Option<Duration>) {
+    metrics::gauge!(BACKLOG).set(backlog as f64);
+    metrics::gauge!(PARKED).set(parked as f64);
+    metrics::gauge!(OLDEST_AGE).set(oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
 }
 
 /// Records a confirmed position of the WAL source: how old its transaction was (`None`: idle).
@@ -168,35 +149,9 @@ pub(crate) fn wal_failure(kind: &'static str) {
     metrics::counter!(FAILURES, "kind" => kind).increment(1);
 }
 
-/// Samples the WAL source's slot every `every` until `shutdown`.
-pub(crate) async fn sample_slot(
-    database_url: String,
-    slot: String,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    every_tick(
-        &database_url,
-        every,
-        shutdown,
-        "sampling the slot",
-        |table| {
-            let slot = slot.clone();
-            Box::pin(async move {
-                let Some(conn) = table.postgres() else {
-                    return Ok(());
-                };
-                let status = crate::wal::slot::status(conn, &slot).await?;
-                metrics::gauge!(SLOT_LAG_BYTES)
-                    .set(status.as_ref().map_or(0.0, |s| s.lag_bytes as f64));
-                metrics::gauge!(SLOT_ACTIVE).set(if status.is_some_and(|s| s.active) {
-                    1.0
-                } else {
-                    0.0
-                });
-                Ok(())
-            })
-        },
-    )
-    .await;
+/// Records a sample of the WAL source's slot: how far behind it is (`None`: no such slot), and
+/// whether a relay reads it.
+pub(crate) fn slot_sampled(lag_bytes: Option<i64>, active: bool) {
+    metrics::gauge!(SLOT_LAG_BYTES).set(lag_bytes.map_or(0.0, |b| b as f64));
+    metrics::gauge!(SLOT_ACTIVE).set(if active { 1.0 } else { 0.0 });
 }

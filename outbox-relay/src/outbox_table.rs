@@ -36,6 +36,10 @@ pub(crate) struct OutboxRow {
     /// wrong type (SQLite stores whatever a hand-written row puts there), a payload that is not
     /// JSON or is over [`Limits::max_payload_bytes`]. The relay parks it with this reason.
     pub defect: Option<String>,
+    /// A table-less event exactly as it was recorded (its JSON in the logical message, or the whole
+    /// message when it cannot be read): what the WAL source keeps when it parks or holds the event,
+    /// and publishes again from. `None` for a table row.
+    pub recorded: Option<bytes::Bytes>,
 }
 
 #[cfg(test)]
@@ -55,6 +59,7 @@ impl OutboxRow {
             attempts,
             created_ms: None,
             defect: None,
+            recorded: None,
         }
     }
 }
@@ -78,7 +83,7 @@ impl OutboxRow {
 
     /// Reads one claimed row column by column. A column that cannot be read becomes the row's
     /// defect, so one bad row is parked instead of failing the claim for every aggregate.
-    fn read<R>(row: &R, limits: &Limits) -> OutboxRow
+    pub(crate) fn read<R>(row: &R, limits: &Limits) -> OutboxRow
     where
         R: sqlx::Row,
         for<'n> &'n str: sqlx::ColumnIndex<R>,
@@ -131,6 +136,7 @@ impl OutboxRow {
             attempts,
             created_ms,
             defect,
+            recorded: None,
         }
     }
 }

@@ -81,7 +81,8 @@ pub(crate) async fn prune_periodically(
 
 /// Deletes the rows the WAL source has read once their UUIDv7 ids are older than `retention`,
 /// batch after batch, through the primary key. The WAL source never marks rows, and its events
-/// live in the WAL whatever becomes of the row, so pruning goes by age alone; parked rows stay.
+/// live in the WAL whatever becomes of the row, so pruning goes by age alone; parked and held rows
+/// stay (they are what a release sends).
 async fn prune_read_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, sqlx::Error> {
     let Some(conn) = table.postgres() else {
         return Ok(0);
@@ -93,7 +94,8 @@ async fn prune_read_on(table: &mut OutboxTable, retention: Duration) -> Result<u
     loop {
         let deleted = sqlx::query(
             "DELETE FROM outbox WHERE id IN (
-                 SELECT id FROM outbox WHERE id < $1 AND parked_at IS NULL ORDER BY id LIMIT $2)",
+                 SELECT id FROM outbox WHERE id < $1 AND parked_at IS NULL AND held_at IS NULL
+                 ORDER BY id LIMIT $2)",
         )
         .bind(cutoff)
         .bind(PRUNE_BATCH)

@@ -1,7 +1,7 @@
 //! The relay's loop: claim a batch, send it, settle what the broker answered, with the next claim
 //! overlapping the broker's answers. Read top to bottom.
 
-use crate::config::{RelayConfig, Source};
+use crate::config::{RelayConfig, Source, backoff};
 use crate::leases::Leases;
 use crate::ordering::{Admission, Verdict, Waiting};
 use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
@@ -10,8 +10,7 @@ use crate::routing::Router;
 use crate::sink::{Ack, Sink, SinkError};
 use crate::tasks::BackgroundTasks;
 use crate::wakeup::{self, Wakeup};
-use crate::{metrics, prune, wal};
-use backon::{BackoffBuilder, ExponentialBuilder};
+use crate::{metrics, prune, status, wal};
 use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -187,7 +186,7 @@ impl Relay {
         if let Source::Wal(source) = &self.config.source {
             let slot = source.slot.clone();
             tasks.spawn("slot sampler", move |stop| {
-                metrics::sample_slot(url, slot, every, stop)
+                status::sample_slot(url, slot, every, stop)
             });
             if let Some(retention) = self.config.retention {
                 let (url, every) = (self.config.database_url.clone(), self.config.prune_interval);
@@ -195,12 +194,17 @@ impl Relay {
                     prune::prune_read_periodically(url, retention, every, stop)
                 });
             }
-            wal::run(self, source, &shutdown).await;
+            let outlet = wal::Outlet {
+                config: &self.config,
+                router: &self.router,
+                sink: self.sink.as_ref(),
+            };
+            wal::run(&outlet, source, &shutdown).await;
             tasks.stop().await;
             return;
         }
         tasks.spawn("backlog sampler", move |stop| {
-            metrics::sample_backlog(url, every, stop)
+            status::sample_backlog(url, every, stop)
         });
         if let (Mode::Mark, Some(retention)) = (self.config.mode, self.config.retention) {
             let (url, every) = (self.config.database_url.clone(), self.config.prune_interval);
@@ -208,7 +212,7 @@ impl Relay {
                 prune::prune_periodically(url, retention, every, stop)
             });
         }
-        let mut backoff = self.backoff();
+        let mut backoff = self.config.backoff();
         while !shutdown.is_cancelled() {
             let mut connected = false;
             match self.run_connected(&shutdown, &tasks, &mut connected).await {
@@ -218,7 +222,7 @@ impl Relay {
                     // A connection that worked ends the run of failures: the next outage starts
                     // again from the shortest wait, not where the last one left off.
                     if connected {
-                        backoff = self.backoff();
+                        backoff = self.config.backoff();
                     }
                     let delay = backoff.next().unwrap_or(self.config.max_backoff);
                     tracing::warn!(
@@ -490,6 +494,7 @@ impl Relay {
             Verdict::Retry(error) => {
                 let attempt = usize::try_from(row.attempts).unwrap_or(0);
                 let retry_in = self
+                    .config
                     .backoff()
                     .nth(attempt)
                     .unwrap_or(self.config.max_backoff);
@@ -540,20 +545,6 @@ impl Relay {
             max_payload_bytes: self.config.max_payload_bytes,
         }
     }
-
-    pub(crate) fn backoff(&self) -> impl Iterator<Item = Duration> + use<> {
-        backoff(self.config.max_backoff)
-    }
-}
-
-/// Exponential backoff with jitter, from 100 ms up to `max`.
-fn backoff(max: Duration) -> impl Iterator<Item = Duration> + Send + use<> {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(max)
-        .with_jitter()
-        .without_max_times()
-        .build()
 }
 
 /// A batch handed to the sink, its answers still to come.

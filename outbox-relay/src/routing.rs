@@ -148,6 +148,7 @@ mod tests {
             attempts: 0,
             created_ms: Some(0),
             defect: None,
+            recorded: None,
         }
     }
 
@@ -232,7 +233,7 @@ mod tests {
                 let row = OutboxRow {
                     id, seq: 1, aggregate_type, aggregate_id, event_type, event_version, topic,
                     payload: bytes::Bytes::from_static(b"{}"), headers, attempts: 0,
-                    created_ms: None, defect: None,
+                    created_ms: None, defect: None, recorded: None,
                 };
                 let router = Router::new("t.{aggregate_type}", strict);
                 match router.message(&row) {

@@ -182,7 +182,8 @@ async fn the_relay_killed_ten_times_while_table_less_events_are_recorded_loses_n
 }
 
 /// A poison table-less event (here: a payload over the relay's limit) is parked as a row, with its
-/// reason, and `failed retry` publishes it from there.
+/// reason, and `failed retry` publishes it from there exactly as it was recorded. (It was once
+/// parked and retried with payload `null`.)
 #[tokio::test]
 async fn a_poison_table_less_event_is_parked_as_a_row() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -191,8 +192,9 @@ async fn a_poison_table_less_event_is_parked_as_a_row() {
     let mut relay = w.spawn_relay(&["--max-payload-bytes", "40"]);
     w.wait_for_slot().await;
     let txn = w.f.db.begin().await.unwrap();
+    let big_meter = "m-big".repeat(10);
     let big = Reading {
-        meter: "m-big".repeat(10),
+        meter: big_meter.clone(),
         n: 1,
     };
     let small = Reading {
@@ -209,23 +211,22 @@ async fn a_poison_table_less_event_is_parked_as_a_row() {
         w.f.db
             .query_one_raw(Statement::from_string(
                 DbBackend::Postgres,
-                "SELECT aggregate_id, last_error FROM outbox WHERE parked_at IS NOT NULL",
+                "SELECT aggregate_id, last_error, id::text FROM outbox WHERE parked_at IS NOT NULL",
             ))
             .await
             .unwrap()
             .expect("a parked row");
-    assert_eq!(
-        row.try_get_by_index::<String>(0).unwrap(),
-        "m-big".repeat(10)
-    );
+    assert_eq!(row.try_get_by_index::<String>(0).unwrap(), big_meter);
     assert!(
         row.try_get_by_index::<String>(1)
             .unwrap()
             .contains("payload too large")
     );
+    let id: String = row.try_get_by_index(2).unwrap();
     assert_eq!(common::terminate(&mut relay), Some(0));
 
-    // With the limit raised, `failed retry` sends it.
+    // With the limit raised, `failed retry` sends it, byte for byte as recorded (jsonb would
+    // have reordered and spaced the keys).
     let mut relay = w.spawn_relay(&[]);
     let retried = relay_command()
         .args(["failed", "retry", "--all", "--database-url", &w.f.url])
@@ -236,8 +237,82 @@ async fn a_poison_table_less_event_is_parked_as_a_row() {
         "{retried:?}"
     );
     let received = consume(&[&w.f.topic("meter")], 2, Duration::from_secs(60)).await;
-    assert!(received.iter().any(|m| m.key == "m-big".repeat(10)));
+    let big = received
+        .iter()
+        .find(|m| m.key == big_meter)
+        .expect("the retried event");
+    assert_eq!(
+        String::from_utf8_lossy(&big.payload),
+        format!(r#"{{"meter":"{big_meter}","n":1}}"#)
+    );
+    assert_eq!(big.header("id"), Some(id.as_str()));
     w.wait_until_confirmed(Duration::from_secs(30)).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    w.drop_slot().await;
+}
+
+/// A logical message that is not an array of events, and an event whose id is not a UUID, are
+/// parked with their bytes as recorded, never dropped; other events flow. (The second was once
+/// logged and dropped.)
+#[tokio::test]
+async fn an_unreadable_message_and_an_event_without_a_uuid_are_parked_with_their_bytes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    table_less();
+    let w = WalFixture::new().await;
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    let not_uuid = r#"{"id":"order-42","aggregate_type":"meter","aggregate_id":"m-x","event_type":"Reading","payload":{"n": 1}}"#;
+    w.f.db
+        .execute_unprepared(&format!(
+            "SELECT pg_logical_emit_message(true, 'outbox', 'not json');
+             SELECT pg_logical_emit_message(true, 'outbox', '[{not_uuid}]');"
+        ))
+        .await
+        .unwrap();
+    let txn = w.f.db.begin().await.unwrap();
+    seaorm_outbox::record_all(
+        &txn,
+        &[Reading {
+            meter: "m-ok".into(),
+            n: 2,
+        }],
+    )
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+    let received = consume(&[&w.f.topic("meter")], 1, Duration::from_secs(60)).await;
+    assert_eq!(received.len(), 1, "{received:?}");
+    assert_eq!(received[0].key, "m-ok");
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+    let parked =
+        w.f.db
+            .query_all_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT aggregate_id, last_error, convert_from(recorded, 'UTF8') FROM outbox
+                 WHERE parked_at IS NOT NULL ORDER BY seq",
+            ))
+            .await
+            .unwrap();
+    let parked: Vec<(String, String, String)> = parked
+        .iter()
+        .map(|r| {
+            (
+                r.try_get_by_index(0).unwrap(),
+                r.try_get_by_index(1).unwrap(),
+                r.try_get_by_index(2).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(parked.len(), 2, "{parked:?}");
+    assert_eq!(parked[0].0, "unknown");
+    assert!(parked[0].1.contains("not an array of events"), "{parked:?}");
+    assert_eq!(parked[0].2, "not json");
+    assert_eq!(parked[1].0, "m-x");
+    assert!(
+        parked[1].1.contains("event id `order-42` is not a UUID"),
+        "{parked:?}"
+    );
+    assert_eq!(parked[1].2, not_uuid);
     assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
 }

@@ -7,9 +7,9 @@ use super::pgoutput::{Relation, Value};
 use crate::outbox_table::OutboxRow;
 use bytes::Bytes;
 
-/// A row read from the WAL, and whether the relay itself wrote it as parked (the WAL source parks
-/// an event by writing it to the table with `parked_at` set; that insert comes back through the
-/// stream and is not published).
+/// A row read from the WAL, and whether the relay itself wrote it as parked or held (the WAL source
+/// keeps a table-less event it parks or holds as a row with `parked_at` or `held_at` set; that
+/// insert comes back through the stream and is not published).
 pub(crate) struct Decoded {
     pub row: OutboxRow,
     pub parked: bool,
@@ -70,10 +70,11 @@ pub(crate) fn from_insert(
             .unwrap_or(0),
         created_ms: text("created_at").and_then(|t| timestamp_ms(&t)),
         defect,
+        recorded: None,
     };
     Decoded {
         row,
-        parked: column("parked_at").is_some(),
+        parked: column("parked_at").is_some() || column("held_at").is_some(),
     }
 }
 
@@ -86,13 +87,51 @@ fn timestamp_ms(text: &str) -> Option<i64> {
 
 /// The rows of a logical message from `record` in table-less mode: the JSON array of events the
 /// table insert would have unpacked, each with its own id, aggregate, type, version, topic,
-/// headers and payload. `commit_ms` stands in for `created_at`. A message that is not such an
-/// array yields one defective row, parked with the reason.
+/// headers and payload. `commit_ms` stands in for `created_at`. Each row keeps its event's bytes
+/// as recorded. An element that is not such an event, or a message that is not an array, yields
+/// one defective row (parked with the reason, its bytes kept) named after `lsn`, the message's
+/// position, so a replay of the stream parks the same row again rather than a second one.
 pub(crate) fn from_message(
     content: &Bytes,
+    lsn: &str,
     commit_ms: Option<i64>,
     max_payload_bytes: usize,
 ) -> Vec<OutboxRow> {
+    let elements: Vec<&serde_json::value::RawValue> = match serde_json::from_slice(content) {
+        Ok(elements) => elements,
+        Err(e) => {
+            return vec![unreadable(
+                content.clone(),
+                format!("message at {lsn}"),
+                commit_ms,
+                format!("an outbox logical message is not an array of events: {e}"),
+            )];
+        }
+    };
+    elements
+        .into_iter()
+        .enumerate()
+        .map(|(index, element)| {
+            let recorded = content.slice_ref(element.get().as_bytes());
+            from_recorded(&recorded, commit_ms, max_payload_bytes).unwrap_or_else(|reason| {
+                unreadable(
+                    recorded,
+                    format!("event {index} of the message at {lsn}"),
+                    commit_ms,
+                    reason,
+                )
+            })
+        })
+        .collect()
+}
+
+/// The row of one table-less event from its recorded JSON (an element of a logical message),
+/// or why it cannot be read. The payload is the recorded bytes themselves, not a copy.
+pub(crate) fn from_recorded(
+    recorded: &Bytes,
+    created_ms: Option<i64>,
+    max_payload_bytes: usize,
+) -> Result<OutboxRow, String> {
     #[derive(serde::Deserialize)]
     struct Event<'a> {
         id: String,
@@ -111,53 +150,64 @@ pub(crate) fn from_message(
     fn first_version() -> i32 {
         1
     }
-    let events: Vec<Event<'_>> = match serde_json::from_slice(content) {
-        Ok(events) => events,
-        Err(e) => {
-            return vec![OutboxRow {
-                id: uuid::Uuid::now_v7().to_string(),
-                seq: -1,
-                aggregate_type: "unknown".into(),
-                aggregate_id: "unknown".into(),
-                event_type: "unknown".into(),
-                event_version: 1,
-                topic: None,
-                payload: Bytes::new(),
-                headers: None,
-                attempts: 0,
-                created_ms: commit_ms,
-                defect: Some(format!(
-                    "an outbox logical message is not an array of events: {e}"
-                )),
-            }];
-        }
-    };
-    events
-        .into_iter()
-        .map(|e| {
-            let raw = e.payload.get();
-            let too_large = raw.len() > max_payload_bytes;
-            OutboxRow {
-                id: e.id,
-                seq: -1,
-                aggregate_type: e.aggregate_type,
-                aggregate_id: e.aggregate_id,
-                event_type: e.event_type,
-                event_version: e.event_version,
-                topic: e.topic,
-                payload: if too_large { Bytes::new() } else { content.slice_ref(raw.as_bytes()) },
-                headers: e.headers.map(|h| h.get().to_owned()),
-                attempts: 0,
-                created_ms: commit_ms,
-                defect: too_large.then(|| {
-                    format!(
-                        "payload too large: {} bytes, over the relay's limit of {max_payload_bytes} (max_payload_bytes)",
-                        raw.len()
-                    )
-                }),
-            }
-        })
-        .collect()
+    let e: Event<'_> = serde_json::from_slice(recorded).map_err(|e| {
+        format!("an outbox logical message holds an event that cannot be read: {e}")
+    })?;
+    let raw = e.payload.get();
+    let too_large = raw.len() > max_payload_bytes;
+    Ok(OutboxRow {
+        id: e.id,
+        seq: -1,
+        aggregate_type: e.aggregate_type,
+        aggregate_id: e.aggregate_id,
+        event_type: e.event_type,
+        event_version: e.event_version,
+        topic: e.topic,
+        payload: if too_large {
+            Bytes::new()
+        } else {
+            recorded.slice_ref(raw.as_bytes())
+        },
+        headers: e.headers.map(|h| h.get().to_owned()),
+        attempts: 0,
+        created_ms,
+        defect: too_large.then(|| {
+            format!(
+                "payload too large: {} bytes, over the relay's limit of {max_payload_bytes} (max_payload_bytes)",
+                raw.len()
+            )
+        }),
+        recorded: Some(recorded.clone()),
+    })
+}
+
+/// A row standing for bytes that are not an event: parked with `reason`, the bytes kept.
+fn unreadable(recorded: Bytes, name: String, created_ms: Option<i64>, reason: String) -> OutboxRow {
+    OutboxRow {
+        id: name,
+        seq: -1,
+        aggregate_type: "unknown".into(),
+        aggregate_id: "unknown".into(),
+        event_type: "unknown".into(),
+        event_version: 1,
+        topic: None,
+        payload: Bytes::new(),
+        headers: None,
+        attempts: 0,
+        created_ms,
+        defect: Some(reason),
+        recorded: Some(recorded),
+    }
+}
+
+/// The id under which the WAL source keeps an event in the table: its own when it is a UUID,
+/// else a UUID derived from it (the same on every replay, so parking it twice writes one row).
+/// The event's own id stays in `recorded`.
+pub(crate) fn table_id(id: &str) -> uuid::Uuid {
+    // A fixed namespace of this crate's own (a random v4), so derived ids never collide with
+    // another tool's v5 ids of the same text.
+    const NAMESPACE: uuid::Uuid = uuid::uuid!("5b0c2a9e-3f41-4c55-9d6e-0b7a8f3c1e24");
+    uuid::Uuid::parse_str(id).unwrap_or_else(|_| uuid::Uuid::new_v5(&NAMESPACE, id.as_bytes()))
 }
 
 #[cfg(test)]
@@ -241,20 +291,52 @@ mod tests {
             br#"[{"payload":{"b":[1, 2]},"id":"e1","aggregate_type":"order","aggregate_id":"o-1","event_type":"A","event_version":3,"topic":null},
                 {"payload":"x","id":"e2","aggregate_type":"order","aggregate_id":"o-2","event_type":"B","event_version":1,"topic":"t","headers":{"h":"v"}}]"#,
         );
-        let rows = from_message(&content, Some(7), 100);
+        let rows = from_message(&content, "0/1", Some(7), 100);
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].payload, &br#"{"b":[1, 2]}"#[..]);
         assert_eq!((rows[0].event_version, rows[0].created_ms), (3, Some(7)));
         assert_eq!(rows[1].topic.as_deref(), Some("t"));
         assert_eq!(rows[1].headers.as_deref(), Some(r#"{"h":"v"}"#));
+        assert_eq!(
+            rows[1].recorded.as_deref(),
+            Some(&br#"{"payload":"x","id":"e2","aggregate_type":"order","aggregate_id":"o-2","event_type":"B","event_version":1,"topic":"t","headers":{"h":"v"}}"#[..])
+        );
         assert!(
-            from_message(&content, None, 5)[0]
+            from_message(&content, "0/1", None, 5)[0]
                 .defect
                 .as_ref()
                 .unwrap()
                 .contains("too large")
         );
-        let broken = from_message(&Bytes::from_static(b"{}"), None, 100);
+        let broken = from_message(&Bytes::from_static(b"{}"), "0/2A", None, 100);
         assert!(broken[0].defect.as_ref().unwrap().contains("not an array"));
+        assert_eq!(broken[0].recorded.as_deref(), Some(&b"{}"[..]));
+        assert_eq!(broken[0].id, "message at 0/2A");
+        let one_bad = from_message(
+            &Bytes::from_static(br#"[{"id":"e1"},{"payload":1,"id":"e2","aggregate_type":"a","aggregate_id":"1","event_type":"T"}]"#),
+            "0/3",
+            None,
+            100,
+        );
+        assert_eq!(one_bad[0].recorded.as_deref(), Some(&br#"{"id":"e1"}"#[..]));
+        assert!(
+            one_bad[0]
+                .defect
+                .as_ref()
+                .unwrap()
+                .contains("cannot be read")
+        );
+        assert_eq!(
+            (one_bad[1].id.as_str(), one_bad[1].defect.as_ref()),
+            ("e2", None)
+        );
+    }
+
+    #[test]
+    fn an_event_is_kept_under_its_own_id_or_one_derived_from_it() {
+        let own = "01939f1c-7b6a-7cc0-8f3e-1a2b3c4d5e6f";
+        assert_eq!(table_id(own).to_string(), own);
+        assert_eq!(table_id("order-42"), table_id("order-42"));
+        assert_ne!(table_id("order-42"), table_id("order-43"));
     }
 }

@@ -8,20 +8,24 @@
 //! the slot's position is confirmed at a transaction's commit once every event up to it was
 //! acknowledged. The first transient failure ends the stream (what the sink still queues is
 //! purged): it starts again from the last confirmed position, so nothing is lost and an
-//! aggregate's events are sent again in order. A poison event is parked in
-//! the outbox table (`outbox-relay failed`), and its aggregate's later events park behind it.
+//! aggregate's events are sent again in order. A poison event is parked in the outbox table
+//! (`outbox-relay failed`), and its aggregate's later events are held there behind it until an
+//! operator's retry or skip releases them, in order (`parked.rs`).
 //! See `docs/design.md`, "The WAL source".
 
 mod event;
+mod parked;
 mod pgoutput;
 pub mod slot;
 mod unconfirmed;
 
+use crate::config::RelayConfig;
 use crate::metrics;
-use crate::outbox_table::{OutboxRow, postgres_options};
+use crate::outbox_table::{Limits, OutboxRow, postgres_options};
 use crate::redact::redact_url;
-use crate::relay::Relay;
-use crate::sink::SinkError;
+use crate::routing::Router;
+use crate::sink::{Sink, SinkError};
+use parked::{Aggregate, Parked, RELEASE_PREFIX};
 use pgoutput::{Change, Decoder};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
 use sqlx::{Connection, PgConnection};
@@ -30,6 +34,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use unconfirmed::{Answer, Settled, Unconfirmed};
 
+pub use crate::config::WalSource;
+pub(crate) use parked::RELEASE_PREFIX as RELEASE_MESSAGE_PREFIX;
 pub use slot::{Refused, SlotStatus};
 
 /// The logical-message prefix of table-less events (`pg_logical_emit_message(true, 'outbox', …)`).
@@ -42,53 +48,11 @@ const MAX_UNCONFIRMED: usize = 10_000;
 /// How often a standby relay checks whether the slot's reader is gone.
 pub const STANDBY_POLL: Duration = Duration::from_secs(1);
 
-/// Where the WAL source reads: a replication slot and the publication of the outbox table.
-///
-/// ```
-/// use seaorm_outbox_relay::wal::WalSource;
-///
-/// let source = WalSource::default();
-/// assert_eq!((source.slot.as_str(), source.publication.as_str()), ("outbox_relay", "outbox_relay"));
-/// assert!(WalSource::new("orders_relay", "orders_outbox").is_ok());
-/// assert!(WalSource::new("Bad-Name", "p").is_err());
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct WalSource {
-    /// The logical replication slot, created with the `pgoutput` plugin if missing.
-    pub slot: String,
-    /// The publication of the outbox table's inserts, created if missing.
-    pub publication: String,
-}
-
-impl WalSource {
-    /// A source with these names: lowercase letters, digits and `_`, as PostgreSQL requires of a
-    /// slot name (and the relay of a publication name, which it writes into SQL).
-    pub fn new(slot: impl Into<String>, publication: impl Into<String>) -> Result<Self, String> {
-        let (slot, publication) = (slot.into(), publication.into());
-        for (what, name) in [("slot", &slot), ("publication", &publication)] {
-            let plain = !name.is_empty()
-                && name.len() <= 63
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-            if !plain {
-                return Err(format!(
-                    "WAL {what} name `{name}`: use 1 to 63 lowercase letters, digits and _"
-                ));
-            }
-        }
-        Ok(WalSource { slot, publication })
-    }
-}
-
-impl Default for WalSource {
-    fn default() -> Self {
-        WalSource {
-            slot: "outbox_relay".into(),
-            publication: "outbox_relay".into(),
-        }
-    }
+/// What the WAL source publishes with: the relay's settings, routing and sink.
+pub(crate) struct Outlet<'a> {
+    pub config: &'a RelayConfig,
+    pub router: &'a Router,
+    pub sink: &'a dyn Sink,
 }
 
 /// Prepares the source (publication and slot), or says why it cannot run.
@@ -136,8 +100,8 @@ impl From<slot::Prepare> for Stop {
 
 /// Runs the WAL source until `shutdown`, reconnecting after failures; a standby waits for the
 /// slot.
-pub(crate) async fn run(relay: &Relay, source: &WalSource, shutdown: &CancellationToken) {
-    let mut backoff = relay.backoff();
+pub(crate) async fn run(relay: &Outlet<'_>, source: &WalSource, shutdown: &CancellationToken) {
+    let mut backoff = relay.config.backoff();
     let mut waiting_as_standby = false;
     while !shutdown.is_cancelled() {
         let mut streaming = false;
@@ -153,7 +117,7 @@ pub(crate) async fn run(relay: &Relay, source: &WalSource, shutdown: &Cancellati
             Err(e) => {
                 waiting_as_standby = false;
                 if streaming {
-                    backoff = relay.backoff();
+                    backoff = relay.config.backoff();
                 }
                 if matches!(e, Stop::Database(_) | Stop::Replication(_)) {
                     metrics::database_error();
@@ -176,7 +140,7 @@ pub(crate) async fn run(relay: &Relay, source: &WalSource, shutdown: &Cancellati
 /// One replication session: prepare the slot, stream, hand each event to the sink, confirm
 /// commits as their events are acknowledged. Sets `streaming` once the slot is held.
 async fn stream(
-    relay: &Relay,
+    relay: &Outlet<'_>,
     source: &WalSource,
     shutdown: &CancellationToken,
     streaming: &mut bool,
@@ -201,6 +165,12 @@ async fn stream(
     }
     *streaming = true;
     tracing::info!(slot = %source.slot, "reading the WAL");
+    // What a release left held and no longer behind a parked event (the relay stopped during it)
+    // goes out first.
+    if !relay.config.skip_parked {
+        let held = parked::held_aggregates(&mut db).await?;
+        release(relay, &mut db, &mut parked, held).await?;
+    }
     let mut decoder = Decoder::default();
     let mut unconfirmed = Unconfirmed::new(relay.config.ack_timeout, !relay.config.skip_parked);
     let mut commit_ms = None;
@@ -237,8 +207,18 @@ async fn stream(
                         }
                         Change::Other => Vec::new(),
                     },
-                    ReplicationEvent::Message { prefix, content, .. } if prefix == MESSAGE_PREFIX => {
-                        event::from_message(&content, commit_ms, relay.config.max_payload_bytes)
+                    ReplicationEvent::Message { prefix, content, lsn, .. } if prefix == MESSAGE_PREFIX => {
+                        event::from_message(&content, &lsn.to_pg_string(), commit_ms, relay.config.max_payload_bytes)
+                    }
+                    ReplicationEvent::Message { prefix, content, .. } if prefix == RELEASE_PREFIX => {
+                        // Everything read before the release settles first, so the table shows
+                        // each aggregate's parked and held events as they are.
+                        if let Some(lsn) = drain(relay, &mut db, &mut parked, &mut unconfirmed).await? {
+                            wal.update_applied_lsn(lsn);
+                            confirmed = lsn;
+                        }
+                        release(relay, &mut db, &mut parked, parked::released_aggregates(&content)).await?;
+                        Vec::new()
                     }
                     ReplicationEvent::Commit { end_lsn, .. } => {
                         unconfirmed.commit(end_lsn, commit_ms);
@@ -256,48 +236,18 @@ async fn stream(
                     _ => Vec::new(),
                 };
                 for row in rows {
-                    if parked.holds(&mut db, &row).await? {
-                        park(&mut db, &row, &parked.reason(&row)).await?;
-                        continue;
-                    }
-                    let message = match relay.router.message(&row) {
-                        Ok(message) => message,
-                        Err(reason) => {
-                            park(&mut db, &row, &reason).await?;
-                            parked.hold(&row);
-                            continue;
-                        }
-                    };
-                    // An aggregate with an event unanswered holds its later ones (ordering rule 4).
-                    if !unconfirmed.may_send(&row) {
-                        unconfirmed.hold(row, message);
-                        continue;
-                    }
-                    let topic = message.topic.clone();
-                    match relay.sink.enqueue(&message).await {
-                        Ok(ack) => unconfirmed.sent(row, topic, ack),
-                        Err(e) if e.is_permanent() => unconfirmed.refused(row, topic, e),
-                        Err(e) => return Err(stop_sending(relay, e)),
+                    if parked.is_holding(&row) {
+                        unconfirmed.held_back(row);
+                    } else {
+                        offer(relay, &mut unconfirmed, row).await?;
                     }
                 }
             }
         }
     }
     // Shutdown: everything handed to the sink is answered and confirmed before the stream stops.
-    loop {
-        if let Some(lsn) = settle_front(&mut db, &mut parked, &mut unconfirmed).await? {
-            confirmed = lsn;
-        }
-        if unconfirmed.is_empty() {
-            break;
-        }
-        let released = unconfirmed.next_answer().await;
-        send_released(
-            relay,
-            &mut unconfirmed,
-            released.map_err(|e| stop_sending(relay, e))?,
-        )
-        .await?;
+    if let Some(lsn) = drain(relay, &mut db, &mut parked, &mut unconfirmed).await? {
+        confirmed = lsn;
     }
     let _ = wal.shutdown().await;
     // The stream may stop before its last status update reached the server: confirm it here.
@@ -336,10 +286,137 @@ async fn settle_front(
     Ok(confirm)
 }
 
+/// Waits for every answer and settles everything read; returns the last commit position that may
+/// now be confirmed.
+async fn drain(
+    relay: &Outlet<'_>,
+    db: &mut PgConnection,
+    parked: &mut Parked,
+    unconfirmed: &mut Unconfirmed,
+) -> Result<Option<Lsn>, Stop> {
+    let mut confirm = None;
+    loop {
+        confirm = settle_front(db, parked, unconfirmed).await?.or(confirm);
+        if unconfirmed.is_empty() {
+            return Ok(confirm);
+        }
+        let released = unconfirmed
+            .next_answer()
+            .await
+            .map_err(|e| stop_sending(relay, e))?;
+        send_released(relay, unconfirmed, released).await?;
+    }
+}
+
+/// Hands one event to the sink, unless its aggregate has an earlier event unanswered (then it
+/// waits for it, ordering rule 4) or it cannot be published as it is (then it is refused for good).
+async fn offer(
+    relay: &Outlet<'_>,
+    unconfirmed: &mut Unconfirmed,
+    row: OutboxRow,
+) -> Result<(), Stop> {
+    let message = match relay.router.message(&row) {
+        Ok(message) => message,
+        Err(reason) => {
+            unconfirmed.refused(row, String::new(), SinkError::permanent(reason));
+            return Ok(());
+        }
+    };
+    if !unconfirmed.may_send(&row) {
+        unconfirmed.hold(row, message);
+        return Ok(());
+    }
+    let topic = message.topic.clone();
+    match relay.sink.enqueue(&message).await {
+        Ok(ack) => unconfirmed.sent(row, topic, ack),
+        Err(e) if e.is_permanent() => unconfirmed.refused(row, topic, e),
+        Err(e) => return Err(stop_sending(relay, e)),
+    }
+    Ok(())
+}
+
+/// Releases the held events of `aggregates` in `seq` order, each aggregate up to its first parked
+/// event: they go out as stream events do (ordering rule 4 included). Acknowledged ones are marked
+/// published; one that fails for good is parked again, and its aggregate stays held.
+async fn release(
+    relay: &Outlet<'_>,
+    db: &mut PgConnection,
+    parked: &mut Parked,
+    aggregates: Vec<Aggregate>,
+) -> Result<(), Stop> {
+    if aggregates.is_empty() {
+        return Ok(());
+    }
+    let limits = Limits {
+        batch_size: parked::PAGE as usize,
+        max_batch_bytes: usize::MAX,
+        max_payload_bytes: relay.config.max_payload_bytes,
+    };
+    let mut still_held: HashSet<Aggregate> = HashSet::new();
+    let mut after_seq = i64::MIN;
+    loop {
+        let page = parked::page(db, &aggregates, after_seq, &limits).await?;
+        let Some(last) = page.last() else { break };
+        after_seq = last.row.seq;
+        let more = page.len() as i64 == parked::PAGE;
+        let mut released = Unconfirmed::new(relay.config.ack_timeout, true);
+        for kept in page {
+            let key = parked::aggregate(&kept.row);
+            if kept.parked {
+                still_held.insert(key);
+            } else if !still_held.contains(&key) {
+                offer(relay, &mut released, kept.row).await?;
+            }
+        }
+        loop {
+            while let Some(settled) = released.pop_settled() {
+                let Settled::Event { row, topic, answer } = settled else {
+                    continue;
+                };
+                match answer {
+                    Answer::Sink(Ok(())) => {
+                        parked::published(db, row.seq).await?;
+                        metrics::published(&topic, row.created_ms);
+                    }
+                    Answer::Sink(Err(e)) => {
+                        metrics::wal_failure("permanent");
+                        parked::parked_again(db, row.seq, &e.message).await?;
+                        still_held.insert(parked::aggregate(&row));
+                    }
+                    Answer::Held => {
+                        still_held.insert(parked::aggregate(&row));
+                    }
+                }
+            }
+            if released.is_empty() {
+                break;
+            }
+            let answered = released
+                .next_answer()
+                .await
+                .map_err(|e| stop_sending(relay, e))?;
+            send_released(relay, &mut released, answered).await?;
+        }
+        if !more {
+            break;
+        }
+    }
+    tracing::info!(
+        aggregates = aggregates.len(),
+        still_held = still_held.len(),
+        "released held events"
+    );
+    for aggregate in aggregates {
+        let held = still_held.contains(&aggregate);
+        parked.released(aggregate, held);
+    }
+    Ok(())
+}
+
 /// Hands the events an answer released to the sink, in order (ordering rule 4: they waited for
 /// their aggregate's earlier events to be acknowledged).
 async fn send_released(
-    relay: &Relay,
+    relay: &Outlet<'_>,
     unconfirmed: &mut Unconfirmed,
     released: Vec<(u64, crate::sink::Message)>,
 ) -> Result<(), Stop> {
@@ -361,13 +438,13 @@ async fn send_released(
 
 /// The stream stops at a transient failure: what the sink still queues is dropped (it would be
 /// sent again, after what the stream sends from the confirmed position).
-fn stop_sending(relay: &Relay, error: SinkError) -> Stop {
+fn stop_sending(relay: &Outlet<'_>, error: SinkError) -> Stop {
     metrics::wal_failure("transient");
     relay.sink.purge();
     Stop::Sink(error)
 }
 
-/// Acts on what became of one event, in stream order: counted, or parked.
+/// Acts on what became of one event, in stream order: counted, parked, or held.
 async fn settle(
     db: &mut PgConnection,
     parked: &mut Parked,
@@ -376,120 +453,18 @@ async fn settle(
     answer: Answer,
 ) -> Result<(), Stop> {
     match answer {
-        // Its aggregate had an event parked earlier in this stream: it waits behind it (if it was
-        // delivered, it will be again, in order, when the parked event is retried).
-        Answer::Held => park(db, row, &parked.reason(row)).await?,
-        Answer::Sink(Ok(())) if parked.is_holding(row) => {
-            park(db, row, &parked.reason(row)).await?
-        }
+        // Its aggregate has a parked event: it waits behind it (if it was delivered, it will be
+        // again, in order, when the parked event is released).
+        Answer::Held => parked::keep(db, row, None).await?,
+        Answer::Sink(Ok(())) if parked.is_holding(row) => parked::keep(db, row, None).await?,
         Answer::Sink(Ok(())) => metrics::published(topic, row.created_ms),
         Answer::Sink(Err(e)) => {
             // Only permanent failures are settled: a transient one stopped the stream.
             metrics::wal_failure("permanent");
-            park(db, row, &e.message).await?;
+            parked::keep(db, row, Some(&e.message)).await?;
             parked.hold(row);
         }
     }
-    Ok(())
-}
-
-/// The aggregates whose events wait behind a parked one.
-struct Parked {
-    held: HashSet<(String, String)>,
-    skip_parked: bool,
-}
-
-impl Parked {
-    async fn load(db: &mut PgConnection, skip_parked: bool) -> Result<Self, sqlx::Error> {
-        let held = if skip_parked {
-            HashSet::new()
-        } else {
-            sqlx::query_as(
-                "SELECT DISTINCT aggregate_type, aggregate_id FROM outbox
-                 WHERE parked_at IS NOT NULL AND published_at IS NULL",
-            )
-            .fetch_all(db)
-            .await?
-            .into_iter()
-            .collect()
-        };
-        Ok(Parked { held, skip_parked })
-    }
-
-    fn is_holding(&self, row: &OutboxRow) -> bool {
-        self.held.contains(&aggregate(row))
-    }
-
-    /// Whether `row` must wait, asking the database when its aggregate was held: an operator may
-    /// have retried or skipped the parked events since.
-    async fn holds(&mut self, db: &mut PgConnection, row: &OutboxRow) -> Result<bool, sqlx::Error> {
-        if !self.is_holding(row) {
-            return Ok(false);
-        }
-        let still: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM outbox WHERE aggregate_type = $1 AND aggregate_id = $2
-                            AND parked_at IS NOT NULL AND published_at IS NULL)",
-        )
-        .bind(&row.aggregate_type)
-        .bind(&row.aggregate_id)
-        .fetch_one(db)
-        .await?;
-        if !still {
-            self.held.remove(&aggregate(row));
-        }
-        Ok(still)
-    }
-
-    fn hold(&mut self, row: &OutboxRow) {
-        if !self.skip_parked {
-            self.held.insert(aggregate(row));
-        }
-    }
-
-    fn reason(&self, row: &OutboxRow) -> String {
-        format!(
-            "waiting behind a parked event of {} {}",
-            row.aggregate_type, row.aggregate_id
-        )
-    }
-}
-
-fn aggregate(row: &OutboxRow) -> (String, String) {
-    (row.aggregate_type.clone(), row.aggregate_id.clone())
-}
-
-/// Parks an event in the outbox table: the row itself when it is there, or a new row holding the
-/// table-less event. Either way `outbox-relay failed` lists it; `failed retry` writes it again.
-async fn park(db: &mut PgConnection, row: &OutboxRow, reason: &str) -> Result<(), sqlx::Error> {
-    tracing::warn!(event_id = %row.id, aggregate_type = %row.aggregate_type, aggregate_id = %row.aggregate_id,
-                   reason, "parked an event");
-    let Ok(id) = uuid::Uuid::parse_str(&row.id) else {
-        tracing::error!(event_id = %row.id, "an event whose id is not a UUID cannot be parked in the table; it is dropped");
-        return Ok(());
-    };
-    let payload =
-        (!row.payload.is_empty()).then(|| String::from_utf8_lossy(&row.payload).into_owned());
-    sqlx::query(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic,
-                             payload, headers, attempts, last_error, parked_at)
-         VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7::jsonb, 'null'::jsonb), $8::jsonb, 1, $9, now())
-         ON CONFLICT (id) DO UPDATE SET parked_at = now(), last_error = EXCLUDED.last_error,
-                                        attempts = outbox.attempts + 1
-         -- A parked event read again (the stream replays from the confirmed position) keeps the
-         -- reason it was parked for.
-         WHERE outbox.parked_at IS NULL",
-    )
-    .bind(id)
-    .bind(&row.aggregate_type)
-    .bind(&row.aggregate_id)
-    .bind(&row.event_type)
-    .bind(row.event_version)
-    .bind(&row.topic)
-    .bind(payload)
-    .bind(&row.headers)
-    .bind(reason)
-    .execute(db)
-    .await?;
     Ok(())
 }
 

@@ -25,6 +25,19 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
              (set it in postgresql.conf and restart PostgreSQL)"
         ))));
     }
+    let held_column: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute
+                        WHERE attrelid = 'outbox'::regclass AND attname = 'held_at' AND NOT attisdropped)",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    if !held_column {
+        return Err(Prepare::Refused(Refused(
+            "the outbox table has no column held_at: the WAL source needs schema version 2 \
+             (run the outbox migrations, or apply outbox-core/sql/postgres/0002_held.sql)"
+                .into(),
+        )));
+    }
     let polling: i64 = sqlx::query_scalar(POLLING_RELAYS)
         .fetch_one(&mut *conn)
         .await?;

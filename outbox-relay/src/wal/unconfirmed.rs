@@ -30,7 +30,7 @@ fn aggregate(row: &OutboxRow) -> Aggregate {
 pub(super) enum Answer {
     /// The sink's answer.
     Sink(Result<(), SinkError>),
-    /// Never sent: an earlier event of its aggregate failed for good. It parks behind it.
+    /// Never sent: an earlier event of its aggregate failed for good. It is held behind it.
     Held,
 }
 
@@ -147,6 +147,12 @@ impl Unconfirmed {
         }
         let topic = message.topic.clone();
         self.push_event(row, topic, Some(message), answer);
+    }
+
+    /// An event of an aggregate held behind a parked event: never sent; it settles in stream
+    /// order, so held events are kept in the order they were read.
+    pub fn held_back(&mut self, row: OutboxRow) {
+        self.push_event(row, String::new(), None, Some(Answer::Held));
     }
 
     pub fn commit(&mut self, lsn: Lsn, commit_ms: Option<i64>) {

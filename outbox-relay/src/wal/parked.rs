@@ -1,0 +1,253 @@
+//! The WAL source's parked events and the events held behind them, kept in the outbox table so
+//! that `outbox-relay failed` lists them and survives a restart.
+//!
+//! - A **parked** event failed for good: `parked_at` and the reason in `last_error`, as the polling
+//!   relay parks a row.
+//! - A **held** event waits behind a parked one of its aggregate: `held_at` (the polling relay
+//!   needs no mark for these: its waiting rows are simply unpublished).
+//!
+//! A table row is marked in place; a table-less event becomes a row that keeps the event exactly
+//! as recorded (`recorded`), under its own id or one derived from it. Which aggregates are held
+//! changes only in stream order: an event parked holds its aggregate, and a release (an operator's
+//! `failed retry` or `failed skip`, which writes a [`RELEASE_PREFIX`] message in its transaction,
+//! or the relay's start) sends an aggregate's held events in `seq` order up to its first parked
+//! one. So no event of an aggregate can go out ahead of one held before it.
+
+use super::event::{from_recorded, table_id};
+use crate::outbox_table::{Limits, OutboxRow};
+use bytes::Bytes;
+use sqlx::PgConnection;
+use std::collections::HashSet;
+
+/// The logical-message prefix of a release: `failed retry` and `failed skip` emit one in their
+/// transaction, naming the aggregates whose held events may go out (a JSON array of
+/// `[aggregate_type, aggregate_id]` pairs).
+pub(crate) const RELEASE_PREFIX: &str = "outbox-release";
+
+/// An aggregate: its type and id.
+pub(super) type Aggregate = (String, String);
+
+pub(super) fn aggregate(row: &OutboxRow) -> Aggregate {
+    (row.aggregate_type.clone(), row.aggregate_id.clone())
+}
+
+/// The aggregates whose events are held behind a parked one.
+pub(super) struct Parked {
+    held: HashSet<Aggregate>,
+    skip_parked: bool,
+}
+
+impl Parked {
+    /// The aggregates the table shows parked or held events of (none with `skip_parked`).
+    pub async fn load(db: &mut PgConnection, skip_parked: bool) -> Result<Self, sqlx::Error> {
+        let held = if skip_parked {
+            HashSet::new()
+        } else {
+            sqlx::query_as(
+                "SELECT DISTINCT aggregate_type, aggregate_id FROM outbox
+                 WHERE (parked_at IS NOT NULL OR held_at IS NOT NULL) AND published_at IS NULL",
+            )
+            .fetch_all(db)
+            .await?
+            .into_iter()
+            .collect()
+        };
+        Ok(Parked { held, skip_parked })
+    }
+
+    pub fn is_holding(&self, row: &OutboxRow) -> bool {
+        self.held.contains(&aggregate(row))
+    }
+
+    /// An event of `row`'s aggregate was parked: its later events wait (not with `skip_parked`).
+    pub fn hold(&mut self, row: &OutboxRow) {
+        if !self.skip_parked {
+            self.held.insert(aggregate(row));
+        }
+    }
+
+    /// What a release found: whether the aggregate is still held (it reached a parked event).
+    pub fn released(&mut self, aggregate: Aggregate, still_held: bool) {
+        if still_held && !self.skip_parked {
+            self.held.insert(aggregate);
+        } else {
+            self.held.remove(&aggregate);
+        }
+    }
+}
+
+/// Keeps an event read from the stream in the table: parked with `reason`, or held (`None`).
+/// An event kept already (the stream replays from the confirmed position after a failure) keeps
+/// how and why it was kept, and one published since stays published.
+pub(super) async fn keep(
+    db: &mut PgConnection,
+    row: &OutboxRow,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    match reason {
+        Some(reason) => tracing::warn!(event_id = %row.id, aggregate_type = %row.aggregate_type,
+                                       aggregate_id = %row.aggregate_id, reason, "parked an event"),
+        None => tracing::debug!(event_id = %row.id, aggregate_type = %row.aggregate_type,
+                                aggregate_id = %row.aggregate_id, "holding an event behind a parked one"),
+    }
+    // A table-less event's bytes are all in `recorded`: `payload` (jsonb) and `headers` may not
+    // hold them as they are. A table row exists already; its values only matter if it was pruned.
+    let table_row = row.recorded.is_none();
+    let payload = (table_row && !row.payload.is_empty())
+        .then(|| String::from_utf8_lossy(&row.payload).into_owned());
+    let headers = if table_row {
+        row.headers.as_deref()
+    } else {
+        None
+    };
+    sqlx::query(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic,
+                             payload, headers, recorded, attempts, last_error, parked_at, held_at)
+         VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7::jsonb, 'null'::jsonb), $8::jsonb, $9,
+                 CASE WHEN $10::text IS NULL THEN 0 ELSE 1 END, $10,
+                 CASE WHEN $10::text IS NOT NULL THEN now() END,
+                 CASE WHEN $10::text IS NULL THEN now() END)
+         ON CONFLICT (id) DO UPDATE SET parked_at = EXCLUDED.parked_at, held_at = EXCLUDED.held_at,
+                                        last_error = COALESCE(EXCLUDED.last_error, outbox.last_error),
+                                        attempts = outbox.attempts + EXCLUDED.attempts
+         WHERE outbox.parked_at IS NULL AND outbox.held_at IS NULL AND outbox.published_at IS NULL",
+    )
+    .bind(table_id(&row.id))
+    .bind(&row.aggregate_type)
+    .bind(&row.aggregate_id)
+    .bind(&row.event_type)
+    .bind(row.event_version)
+    .bind(&row.topic)
+    .bind(payload)
+    .bind(headers)
+    .bind(row.recorded.as_deref())
+    .bind(reason)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// A released event the broker acknowledged: published.
+pub(super) async fn published(db: &mut PgConnection, seq: i64) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE outbox SET published_at = now(), held_at = NULL
+         WHERE seq = $1 AND published_at IS NULL",
+    )
+    .bind(seq)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// A released event that failed for good: parked again, with this failure's reason.
+pub(super) async fn parked_again(
+    db: &mut PgConnection,
+    seq: i64,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    tracing::warn!(seq, reason, "parked a released event again");
+    sqlx::query(
+        "UPDATE outbox SET parked_at = now(), held_at = NULL, last_error = $2,
+                           attempts = attempts + 1
+         WHERE seq = $1 AND published_at IS NULL",
+    )
+    .bind(seq)
+    .bind(reason)
+    .execute(db)
+    .await?;
+    Ok(())
+}
+
+/// The aggregates a release message names; none when it is not such a list (it is then ignored:
+/// the relay's next start releases whatever is held and no longer behind a parked event).
+pub(super) fn released_aggregates(content: &[u8]) -> Vec<Aggregate> {
+    serde_json::from_slice(content).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "a release message that is not a list of aggregates; ignored");
+        Vec::new()
+    })
+}
+
+/// The aggregates with held events.
+pub(super) async fn held_aggregates(db: &mut PgConnection) -> Result<Vec<Aggregate>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT DISTINCT aggregate_type, aggregate_id FROM outbox
+         WHERE held_at IS NOT NULL AND published_at IS NULL",
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// How many kept events a release reads at once.
+pub(super) const PAGE: i64 = 1_000;
+
+/// A kept event, as a release reads it.
+pub(super) struct Kept {
+    pub row: OutboxRow,
+    /// Parked (it stops its aggregate's release), or held.
+    pub parked: bool,
+}
+
+/// The next [`PAGE`] kept events of `aggregates` after `after_seq`, in `seq` order. A table-less
+/// event is read from its recorded bytes, as it was recorded.
+pub(super) async fn page(
+    db: &mut PgConnection,
+    aggregates: &[Aggregate],
+    after_seq: i64,
+    limits: &Limits,
+) -> Result<Vec<Kept>, sqlx::Error> {
+    use sqlx::Row;
+    let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+        .iter()
+        .map(|(t, i)| (t.as_str(), i.as_str()))
+        .unzip();
+    let rows = sqlx::query(
+        "SELECT id::text AS id, seq, aggregate_type, aggregate_id, event_type, event_version, topic,
+                payload::text AS payload, octet_length(payload::text)::int8 AS payload_bytes,
+                headers::text AS headers, attempts,
+                CASE WHEN isfinite(created_at) THEN (extract(epoch FROM created_at) * 1000)::int8 END
+                    AS created_ms,
+                true AS payload_valid, parked_at IS NOT NULL AS parked, recorded
+         FROM outbox
+         WHERE published_at IS NULL AND (held_at IS NOT NULL OR parked_at IS NOT NULL)
+           AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+           AND seq > $3
+         ORDER BY seq LIMIT $4",
+    )
+    .bind(types)
+    .bind(ids)
+    .bind(after_seq)
+    .bind(PAGE)
+    .fetch_all(db)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let mut row = OutboxRow::read(r, limits);
+            if let Ok(Some(recorded)) = r.try_get::<Option<Vec<u8>>, _>("recorded") {
+                row = as_recorded(row, Bytes::from(recorded), limits.max_payload_bytes);
+            }
+            Kept {
+                row,
+                parked: r.try_get("parked").unwrap_or(true),
+            }
+        })
+        .collect())
+}
+
+/// The table-less event `recorded` holds, in the place of the row kept for it (its `seq`, its
+/// aggregate when the bytes cannot be read).
+fn as_recorded(kept: OutboxRow, recorded: Bytes, max_payload_bytes: usize) -> OutboxRow {
+    match from_recorded(&recorded, kept.created_ms, max_payload_bytes) {
+        Ok(row) => OutboxRow {
+            seq: kept.seq,
+            attempts: kept.attempts,
+            ..row
+        },
+        Err(reason) => OutboxRow {
+            payload: Bytes::new(),
+            defect: Some(reason),
+            recorded: Some(recorded),
+            ..kept
+        },
+    }
+}
