@@ -38,6 +38,7 @@ pub mod cli;
 mod config;
 #[cfg(feature = "endpoints")]
 pub mod endpoints;
+mod error;
 pub mod failed;
 mod leases;
 pub mod metrics;
@@ -56,6 +57,7 @@ pub mod wakeup;
 pub mod wal;
 
 pub use config::{RelayConfig, Source};
+pub use error::SourceError;
 pub use outbox_table::{Mode, PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
 pub use prune::{PRUNE_BATCH, prune};
 pub use redact::{is_secret_key, redact_url};

@@ -2,6 +2,7 @@
 //! overlapping the broker's answers. Read top to bottom.
 
 use crate::config::{RelayConfig, Source, backoff};
+use crate::error::SourceError;
 use crate::leases::Leases;
 use crate::ordering::{Admission, Verdict, Waiting};
 use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
@@ -104,27 +105,25 @@ impl Relay {
     /// The WAL source also creates its publication and slot here, so table-less events recorded
     /// from now on are kept for it. [`run`](Self::run) checks too; call this first to refuse to
     /// start with a clear error.
-    pub async fn check_source(&self) -> Result<(), String> {
+    pub async fn check_source(&self) -> Result<(), SourceError> {
         let url = &self.config.database_url;
         match &self.config.source {
             Source::Table if url.starts_with("sqlite:") => Ok(()),
             Source::Table => {
-                let mut table = OutboxTable::connect(url)
-                    .await
-                    .map_err(|e| format!("database: {e}"))?;
+                let mut table = OutboxTable::connect(url).await?;
                 let conn = table.postgres().expect("a PostgreSQL URL");
-                let publications = wal::slot::publications(conn)
-                    .await
-                    .map_err(|e| format!("database: {e}"))?;
+                let publications = wal::slot::publications(conn).await?;
                 if publications.is_empty() {
                     Ok(())
                 } else {
-                    Err(wal::slot::polling_refused(&publications))
+                    Err(SourceError::Refused(wal::slot::polling_refused(
+                        &publications,
+                    )))
                 }
             }
-            Source::Wal(_) if url.starts_with("sqlite:") => {
-                Err("the WAL source needs PostgreSQL; SQLite has no logical replication".into())
-            }
+            Source::Wal(_) if url.starts_with("sqlite:") => Err(SourceError::Refused(
+                "the WAL source needs PostgreSQL; SQLite has no logical replication".into(),
+            )),
             Source::Wal(source) => wal::check(url, source).await,
         }
     }
@@ -172,7 +171,7 @@ impl Relay {
         }
         // A database that cannot be reached now is retried below; a refusal is final.
         if let Err(e) = self.check_source().await
-            && !e.starts_with("database: ")
+            && !e.is_temporary()
         {
             tracing::error!(error = %e, "the relay does not start");
             return;

@@ -32,6 +32,7 @@
 //! # }).unwrap();
 //! ```
 
+use crate::error::SourceError;
 use crate::failed::ParkedEvent;
 use crate::outbox_table::OutboxTable;
 use crate::sink::Message;
@@ -111,7 +112,10 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
     let sink = MemorySink::default();
     let relay = Relay::new(config, sink.clone());
     relay.lock_sqlite().map_err(DrainError::Refused)?;
-    relay.check_source().await.map_err(DrainError::Refused)?;
+    relay.check_source().await.map_err(|e| match e {
+        SourceError::Database(e) => DrainError::Database(e),
+        refused => DrainError::Refused(refused.to_string()),
+    })?;
 
     let shutdown = CancellationToken::new();
     let mut table = OutboxTable::connect(&url).await?;

@@ -24,9 +24,9 @@ pub(super) async fn run(
     }
     // A database that is down now is waited for by `run`; a refusal stops here.
     if let Err(e) = relay.check_source().await
-        && !e.starts_with("database: ")
+        && !e.is_temporary()
     {
-        return Ok(super::output::failure(&e));
+        return Ok(super::output::failure(&e.to_string()));
     }
     let tasks = BackgroundTasks::new(&shutdown);
     if let Some(addr) = settings.http_addr() {

@@ -20,6 +20,7 @@ pub mod slot;
 mod unconfirmed;
 
 use crate::config::RelayConfig;
+use crate::error::SourceError;
 use crate::metrics;
 use crate::outbox_table::{Limits, OutboxRow, postgres_options};
 use crate::redact::redact_url;
@@ -56,12 +57,12 @@ pub(crate) struct Outlet<'a> {
 }
 
 /// Prepares the source (publication and slot), or says why it cannot run.
-pub(crate) async fn check(url: &str, source: &WalSource) -> Result<(), String> {
-    let mut db = connect(url).await.map_err(|e| format!("database: {e}"))?;
+pub(crate) async fn check(url: &str, source: &WalSource) -> Result<(), SourceError> {
+    let mut db = connect(url).await?;
     match slot::prepare(&mut db, source).await {
         Ok(()) => Ok(()),
-        Err(slot::Prepare::Refused(r)) => Err(r.0),
-        Err(slot::Prepare::Database(e)) => Err(format!("database: {e}")),
+        Err(slot::Prepare::Refused(r)) => Err(SourceError::Refused(r.0)),
+        Err(slot::Prepare::Database(e)) => Err(SourceError::Database(e)),
     }
 }
 

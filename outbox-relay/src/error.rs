@@ -1,0 +1,29 @@
+//! Why the relay cannot publish from its source: decided by kind, not by text.
+
+/// Why [`Relay::check_source`](crate::Relay::check_source) found the relay cannot publish now.
+///
+/// ```
+/// use seaorm_outbox_relay::SourceError;
+///
+/// let refused = SourceError::Refused("the WAL source needs PostgreSQL".into());
+/// assert!(!refused.is_temporary());
+/// assert_eq!(refused.to_string(), "the WAL source needs PostgreSQL");
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SourceError {
+    /// The database cannot be reached now, or failed: the relay waits for it and tries again.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The relay must not run as configured (it would publish events twice, or the database
+    /// cannot serve the source): it does not start.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl SourceError {
+    /// Whether trying again later may succeed (the database was away), as opposed to a refusal.
+    pub fn is_temporary(&self) -> bool {
+        matches!(self, SourceError::Database(_))
+    }
+}
