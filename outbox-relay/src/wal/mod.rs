@@ -13,6 +13,7 @@
 //! operator's retry or skip releases them, in order (`parked.rs`).
 //! See `docs/design.md`, "The WAL source".
 
+mod connection;
 mod event;
 mod parked;
 mod pgoutput;
@@ -22,14 +23,15 @@ mod unconfirmed;
 use crate::config::RelayConfig;
 use crate::error::SourceError;
 use crate::metrics;
-use crate::outbox_table::{Limits, OutboxRow, postgres_options};
+use crate::outbox_table::{Limits, OutboxRow};
 use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::{Sink, SinkError};
+use connection::{connect, replication_config};
 use parked::{Aggregate, Parked, RELEASE_PREFIX};
 use pgoutput::{Change, Decoder};
-use pgwire_replication::{Lsn, ReplicationClient, ReplicationConfig, ReplicationEvent, TlsConfig};
-use sqlx::{Connection, PgConnection};
+use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
+use sqlx::PgConnection;
 use std::collections::HashSet;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -467,69 +469,6 @@ async fn settle(
         }
     }
     Ok(())
-}
-
-async fn connect(url: &str) -> Result<PgConnection, sqlx::Error> {
-    let (options, timeout) = postgres_options(url)?;
-    tokio::time::timeout(timeout, PgConnection::connect_with(&options))
-        .await
-        .unwrap_or_else(|_| {
-            Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the database did not answer within {timeout:?} (connect_timeout)"),
-            )))
-        })
-}
-
-/// The replication connection's settings, from the relay's PostgreSQL URL (host, port, user,
-/// password, database, `sslmode`, `sslrootcert`, `sslcert`, `sslkey`).
-fn replication_config(url: &str, source: &WalSource) -> Result<ReplicationConfig, Stop> {
-    let (options, _) = postgres_options(url)?;
-    let parsed = url::Url::parse(url).map_err(|e| Stop::Stream(format!("database URL: {e}")))?;
-    let query = |name: &str| {
-        parsed
-            .query_pairs()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.into_owned())
-    };
-    let password = parsed.password().map(percent_decode).unwrap_or_default();
-    let root = query("sslrootcert").map(std::path::PathBuf::from);
-    let mut tls = match query("sslmode").as_deref() {
-        Some("require") => TlsConfig::require(),
-        Some("verify-ca") => TlsConfig::verify_ca(root),
-        Some("verify-full") => TlsConfig::verify_full(root),
-        _ => TlsConfig::disabled(),
-    };
-    if let (Some(cert), Some(key)) = (query("sslcert"), query("sslkey")) {
-        tls = tls.with_client_cert(
-            std::path::PathBuf::from(cert),
-            std::path::PathBuf::from(key),
-        );
-    }
-    let config = ReplicationConfig::new(
-        options.get_host(),
-        options.get_username(),
-        password,
-        options.get_database().unwrap_or(options.get_username()),
-        &source.slot,
-        source.publication.as_str(),
-    )
-    .with_port(options.get_port())
-    .with_tls(tls)
-    // Commit timestamps and `created_at` in one format whatever the server's defaults.
-    .with_options("-c datestyle=ISO -c timezone=UTC")
-    .with_application_name(format!("{}-wal", crate::outbox_table::APPLICATION_NAME))
-    // A confirmed position reaches the server within a second: what a crash can send again.
-    .with_status_interval(Duration::from_secs(1))
-    .with_wakeup_interval(Duration::from_secs(1));
-    Ok(config)
-}
-
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("p={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
 }
 
 /// PostgreSQL's timestamps count microseconds from 2000-01-01.
