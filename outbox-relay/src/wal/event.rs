@@ -6,6 +6,7 @@
 use super::pgoutput::{Relation, Value};
 use crate::outbox_table::OutboxRow;
 use bytes::Bytes;
+use pgwire_replication::Lsn;
 
 /// A row read from the WAL, and whether the relay itself wrote it as parked or held (the WAL source
 /// keeps a table-less event it parks or holds as a row with `parked_at` or `held_at` set; that
@@ -93,7 +94,7 @@ fn timestamp_ms(text: &str) -> Option<i64> {
 /// position, so a replay of the stream parks the same row again rather than a second one.
 pub(crate) fn from_message(
     content: &Bytes,
-    lsn: &str,
+    lsn: Lsn,
     commit_ms: Option<i64>,
     max_payload_bytes: usize,
 ) -> Vec<OutboxRow> {
@@ -291,7 +292,7 @@ mod tests {
             br#"[{"payload":{"b":[1, 2]},"id":"e1","aggregate_type":"order","aggregate_id":"o-1","event_type":"A","event_version":3,"topic":null},
                 {"payload":"x","id":"e2","aggregate_type":"order","aggregate_id":"o-2","event_type":"B","event_version":1,"topic":"t","headers":{"h":"v"}}]"#,
         );
-        let rows = from_message(&content, "0/1", Some(7), 100);
+        let rows = from_message(&content, Lsn(1), Some(7), 100);
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].payload, &br#"{"b":[1, 2]}"#[..]);
         assert_eq!((rows[0].event_version, rows[0].created_ms), (3, Some(7)));
@@ -302,19 +303,19 @@ mod tests {
             Some(&br#"{"payload":"x","id":"e2","aggregate_type":"order","aggregate_id":"o-2","event_type":"B","event_version":1,"topic":"t","headers":{"h":"v"}}"#[..])
         );
         assert!(
-            from_message(&content, "0/1", None, 5)[0]
+            from_message(&content, Lsn(1), None, 5)[0]
                 .defect
                 .as_ref()
                 .unwrap()
                 .contains("too large")
         );
-        let broken = from_message(&Bytes::from_static(b"{}"), "0/2A", None, 100);
+        let broken = from_message(&Bytes::from_static(b"{}"), Lsn(0x2A), None, 100);
         assert!(broken[0].defect.as_ref().unwrap().contains("not an array"));
         assert_eq!(broken[0].recorded.as_deref(), Some(&b"{}"[..]));
         assert_eq!(broken[0].id, "message at 0/2A");
         let one_bad = from_message(
             &Bytes::from_static(br#"[{"id":"e1"},{"payload":1,"id":"e2","aggregate_type":"a","aggregate_id":"1","event_type":"T"}]"#),
-            "0/3",
+            Lsn(3),
             None,
             100,
         );

@@ -28,7 +28,7 @@ use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::{Sink, SinkError};
 use connection::{connect, replication_config};
-use parked::{Aggregate, Parked, RELEASE_PREFIX};
+use parked::{Aggregate, Parked};
 use pgoutput::{Change, Decoder};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};
 use sqlx::PgConnection;
@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 use unconfirmed::{Answer, Settled, Unconfirmed};
 
 pub use crate::config::WalSource;
-pub(crate) use parked::RELEASE_PREFIX as RELEASE_MESSAGE_PREFIX;
+pub(crate) use parked::RELEASE_PREFIX;
 pub use slot::{Refused, SlotStatus};
 
 /// The logical-message prefix of table-less events (`pg_logical_emit_message(true, 'outbox', …)`).
@@ -103,12 +103,12 @@ impl From<slot::Prepare> for Stop {
 
 /// Runs the WAL source until `shutdown`, reconnecting after failures; a standby waits for the
 /// slot.
-pub(crate) async fn run(relay: &Outlet<'_>, source: &WalSource, shutdown: &CancellationToken) {
-    let mut backoff = relay.config.backoff();
+pub(crate) async fn run(outlet: &Outlet<'_>, source: &WalSource, shutdown: &CancellationToken) {
+    let mut backoff = outlet.config.backoff();
     let mut waiting_as_standby = false;
     while !shutdown.is_cancelled() {
         let mut streaming = false;
-        let delay = match stream(relay, source, shutdown, &mut streaming).await {
+        let delay = match stream(outlet, source, shutdown, &mut streaming).await {
             Ok(()) => break,
             Err(Stop::Standby(slot)) => {
                 if !waiting_as_standby {
@@ -120,14 +120,14 @@ pub(crate) async fn run(relay: &Outlet<'_>, source: &WalSource, shutdown: &Cance
             Err(e) => {
                 waiting_as_standby = false;
                 if streaming {
-                    backoff = relay.config.backoff();
+                    backoff = outlet.config.backoff();
                 }
                 if matches!(e, Stop::Database(_) | Stop::Replication(_)) {
                     metrics::database_error();
                 }
-                let delay = backoff.next().unwrap_or(relay.config.max_backoff);
+                let delay = backoff.next().unwrap_or(outlet.config.max_backoff);
                 tracing::warn!(
-                    error = %e, retry_in = ?delay, database = %redact_url(&relay.config.database_url),
+                    error = %e, retry_in = ?delay, database = %redact_url(&outlet.config.database_url),
                     "the WAL stream stopped; resuming from the slot's confirmed position"
                 );
                 delay
@@ -143,12 +143,12 @@ pub(crate) async fn run(relay: &Outlet<'_>, source: &WalSource, shutdown: &Cance
 /// One replication session: prepare the slot, stream, hand each event to the sink, confirm
 /// commits as their events are acknowledged. Sets `streaming` once the slot is held.
 async fn stream(
-    relay: &Outlet<'_>,
+    outlet: &Outlet<'_>,
     source: &WalSource,
     shutdown: &CancellationToken,
     streaming: &mut bool,
 ) -> Result<(), Stop> {
-    let mut db = connect(&relay.config.database_url).await?;
+    let mut db = connect(&outlet.config.database_url).await?;
     slot::prepare(&mut db, source).await?;
     if slot::status(&mut db, &source.slot)
         .await?
@@ -156,9 +156,10 @@ async fn stream(
     {
         return Err(Stop::Standby(source.slot.clone()));
     }
-    let mut parked = Parked::load(&mut db, relay.config.skip_parked).await?;
+    let mut parked = Parked::load(&mut db, outlet.config.skip_parked).await?;
     let mut wal =
-        ReplicationClient::connect(replication_config(&relay.config.database_url, source)?).await?;
+        ReplicationClient::connect(replication_config(&outlet.config.database_url, source)?)
+            .await?;
     if let Err(e) = wal.wait_started().await {
         return Err(if e.to_string().contains("is active for PID") {
             Stop::Standby(source.slot.clone())
@@ -170,12 +171,12 @@ async fn stream(
     tracing::info!(slot = %source.slot, "reading the WAL");
     // What a release left held and no longer behind a parked event (the relay stopped during it)
     // goes out first.
-    if !relay.config.skip_parked {
+    if !outlet.config.skip_parked {
         let held = parked::held_aggregates(&mut db).await?;
-        release(relay, &mut db, &mut parked, held).await?;
+        release(outlet, &mut db, &mut parked, held).await?;
     }
     let mut decoder = Decoder::default();
-    let mut unconfirmed = Unconfirmed::new(relay.config.ack_timeout, !relay.config.skip_parked);
+    let mut unconfirmed = Unconfirmed::new(outlet.config.ack_timeout, !outlet.config.skip_parked);
     let mut commit_ms = None;
     let mut confirmed = Lsn::ZERO;
     loop {
@@ -190,8 +191,8 @@ async fn stream(
             answer = unconfirmed.next_answer() => {
                 // The first transient failure stops the stream: nothing more is sent, and it
                 // starts again from the confirmed position.
-                let released = answer.map_err(|e| stop_sending(relay, e))?;
-                send_released(relay, &mut unconfirmed, released).await?;
+                let released = answer.map_err(|e| stop_sending(outlet, e))?;
+                send_released(outlet, &mut unconfirmed, released).await?;
             }
             event = wal.recv(), if unconfirmed.events() < MAX_UNCONFIRMED => {
                 let event = event?.ok_or_else(|| Stop::Stream("the server ended it".into()))?;
@@ -205,22 +206,22 @@ async fn stream(
                             let relation = decoder.relation(relation).ok_or_else(|| {
                                 Stop::Stream("an insert into a relation it did not describe".into())
                             })?;
-                            let decoded = event::from_insert(relation, &values, relay.config.max_payload_bytes);
+                            let decoded = event::from_insert(relation, &values, outlet.config.max_payload_bytes);
                             if decoded.parked { Vec::new() } else { vec![decoded.row] }
                         }
                         Change::Other => Vec::new(),
                     },
                     ReplicationEvent::Message { prefix, content, lsn, .. } if prefix == MESSAGE_PREFIX => {
-                        event::from_message(&content, &lsn.to_pg_string(), commit_ms, relay.config.max_payload_bytes)
+                        event::from_message(&content, lsn, commit_ms, outlet.config.max_payload_bytes)
                     }
                     ReplicationEvent::Message { prefix, content, .. } if prefix == RELEASE_PREFIX => {
                         // Everything read before the release settles first, so the table shows
                         // each aggregate's parked and held events as they are.
-                        if let Some(lsn) = drain(relay, &mut db, &mut parked, &mut unconfirmed).await? {
+                        if let Some(lsn) = drain(outlet, &mut db, &mut parked, &mut unconfirmed).await? {
                             wal.update_applied_lsn(lsn);
                             confirmed = lsn;
                         }
-                        release(relay, &mut db, &mut parked, parked::released_aggregates(&content)).await?;
+                        release(outlet, &mut db, &mut parked, parked::released_aggregates(&content)).await?;
                         Vec::new()
                     }
                     ReplicationEvent::Commit { end_lsn, .. } => {
@@ -242,14 +243,14 @@ async fn stream(
                     if parked.is_holding(&row) {
                         unconfirmed.held_back(row);
                     } else {
-                        offer(relay, &mut unconfirmed, row).await?;
+                        offer(outlet, &mut unconfirmed, row).await?;
                     }
                 }
             }
         }
     }
     // Shutdown: everything handed to the sink is answered and confirmed before the stream stops.
-    if let Some(lsn) = drain(relay, &mut db, &mut parked, &mut unconfirmed).await? {
+    if let Some(lsn) = drain(outlet, &mut db, &mut parked, &mut unconfirmed).await? {
         confirmed = lsn;
     }
     let _ = wal.shutdown().await;
@@ -276,49 +277,74 @@ async fn settle_front(
 ) -> Result<Option<Lsn>, Stop> {
     let mut confirm = None;
     while let Some(settled) = unconfirmed.pop_settled() {
-        match settled {
-            Settled::Commit { lsn, commit_ms } => {
-                metrics::wal_confirmed(commit_ms);
-                confirm = Some(lsn);
-            }
-            Settled::Event { row, topic, answer } => {
-                settle(db, parked, &row, &topic, answer).await?;
-            }
-        }
+        confirm = settle_entry(db, parked, settled).await?.or(confirm);
     }
     Ok(confirm)
+}
+
+/// Acts on one settled entry of the stream: a commit's position may be confirmed (returned), an
+/// event is settled.
+async fn settle_entry(
+    db: &mut PgConnection,
+    parked: &mut Parked,
+    settled: Settled,
+) -> Result<Option<Lsn>, Stop> {
+    match settled {
+        Settled::Commit { lsn, commit_ms } => {
+            metrics::wal_confirmed(commit_ms);
+            Ok(Some(lsn))
+        }
+        Settled::Event { row, topic, answer } => {
+            settle(db, parked, &row, &topic, answer).await?;
+            Ok(None)
+        }
+    }
 }
 
 /// Waits for every answer and settles everything read; returns the last commit position that may
 /// now be confirmed.
 async fn drain(
-    relay: &Outlet<'_>,
+    outlet: &Outlet<'_>,
     db: &mut PgConnection,
     parked: &mut Parked,
     unconfirmed: &mut Unconfirmed,
 ) -> Result<Option<Lsn>, Stop> {
     let mut confirm = None;
+    while let Some(settled) = next_settled(outlet, unconfirmed).await? {
+        confirm = settle_entry(db, parked, settled).await?.or(confirm);
+    }
+    Ok(confirm)
+}
+
+/// The next entry of `unconfirmed` to settle, in stream order, once its answer is in (sending what
+/// each answer meanwhile releases); `None` once nothing is left.
+async fn next_settled(
+    outlet: &Outlet<'_>,
+    unconfirmed: &mut Unconfirmed,
+) -> Result<Option<Settled>, Stop> {
     loop {
-        confirm = settle_front(db, parked, unconfirmed).await?.or(confirm);
+        if let Some(settled) = unconfirmed.pop_settled() {
+            return Ok(Some(settled));
+        }
         if unconfirmed.is_empty() {
-            return Ok(confirm);
+            return Ok(None);
         }
         let released = unconfirmed
             .next_answer()
             .await
-            .map_err(|e| stop_sending(relay, e))?;
-        send_released(relay, unconfirmed, released).await?;
+            .map_err(|e| stop_sending(outlet, e))?;
+        send_released(outlet, unconfirmed, released).await?;
     }
 }
 
 /// Hands one event to the sink, unless its aggregate has an earlier event unanswered (then it
 /// waits for it, ordering rule 4) or it cannot be published as it is (then it is refused for good).
 async fn offer(
-    relay: &Outlet<'_>,
+    outlet: &Outlet<'_>,
     unconfirmed: &mut Unconfirmed,
     row: OutboxRow,
 ) -> Result<(), Stop> {
-    let message = match relay.router.message(&row) {
+    let message = match outlet.router.message(&row) {
         Ok(message) => message,
         Err(reason) => {
             unconfirmed.refused(row, String::new(), SinkError::permanent(reason));
@@ -330,10 +356,10 @@ async fn offer(
         return Ok(());
     }
     let topic = message.topic.clone();
-    match relay.sink.enqueue(&message).await {
+    match outlet.sink.enqueue(&message).await {
         Ok(ack) => unconfirmed.sent(row, topic, ack),
         Err(e) if e.is_permanent() => unconfirmed.refused(row, topic, e),
-        Err(e) => return Err(stop_sending(relay, e)),
+        Err(e) => return Err(stop_sending(outlet, e)),
     }
     Ok(())
 }
@@ -342,7 +368,7 @@ async fn offer(
 /// event: they go out as stream events do (ordering rule 4 included). Acknowledged ones are marked
 /// published; one that fails for good is parked again, and its aggregate stays held.
 async fn release(
-    relay: &Outlet<'_>,
+    outlet: &Outlet<'_>,
     db: &mut PgConnection,
     parked: &mut Parked,
     aggregates: Vec<Aggregate>,
@@ -353,7 +379,7 @@ async fn release(
     let limits = Limits {
         batch_size: parked::PAGE as usize,
         max_batch_bytes: usize::MAX,
-        max_payload_bytes: relay.config.max_payload_bytes,
+        max_payload_bytes: outlet.config.max_payload_bytes,
     };
     let mut still_held: HashSet<Aggregate> = HashSet::new();
     let mut after_seq = i64::MIN;
@@ -362,43 +388,33 @@ async fn release(
         let Some(last) = page.last() else { break };
         after_seq = last.row.seq;
         let more = page.len() as i64 == parked::PAGE;
-        let mut released = Unconfirmed::new(relay.config.ack_timeout, true);
+        let mut released = Unconfirmed::new(outlet.config.ack_timeout, true);
         for kept in page {
             let key = parked::aggregate(&kept.row);
             if kept.parked {
                 still_held.insert(key);
             } else if !still_held.contains(&key) {
-                offer(relay, &mut released, kept.row).await?;
+                offer(outlet, &mut released, kept.row).await?;
             }
         }
-        loop {
-            while let Some(settled) = released.pop_settled() {
-                let Settled::Event { row, topic, answer } = settled else {
-                    continue;
-                };
-                match answer {
-                    Answer::Sink(Ok(())) => {
-                        parked::published(db, row.seq).await?;
-                        metrics::published(&topic, row.created_ms);
-                    }
-                    Answer::Sink(Err(e)) => {
-                        metrics::wal_failure("permanent");
-                        parked::parked_again(db, row.seq, &e.message).await?;
-                        still_held.insert(parked::aggregate(&row));
-                    }
-                    Answer::Held => {
-                        still_held.insert(parked::aggregate(&row));
-                    }
+        while let Some(settled) = next_settled(outlet, &mut released).await? {
+            let Settled::Event { row, topic, answer } = settled else {
+                continue;
+            };
+            match answer {
+                Answer::Sink(Ok(())) => {
+                    parked::published(db, row.seq).await?;
+                    metrics::published(&topic, row.created_ms);
+                }
+                Answer::Sink(Err(e)) => {
+                    metrics::wal_failure("permanent");
+                    parked::parked_again(db, row.seq, &e.message).await?;
+                    still_held.insert(parked::aggregate(&row));
+                }
+                Answer::Held => {
+                    still_held.insert(parked::aggregate(&row));
                 }
             }
-            if released.is_empty() {
-                break;
-            }
-            let answered = released
-                .next_answer()
-                .await
-                .map_err(|e| stop_sending(relay, e))?;
-            send_released(relay, &mut released, answered).await?;
         }
         if !more {
             break;
@@ -419,7 +435,7 @@ async fn release(
 /// Hands the events an answer released to the sink, in order (ordering rule 4: they waited for
 /// their aggregate's earlier events to be acknowledged).
 async fn send_released(
-    relay: &Outlet<'_>,
+    outlet: &Outlet<'_>,
     unconfirmed: &mut Unconfirmed,
     released: Vec<(u64, crate::sink::Message)>,
 ) -> Result<(), Stop> {
@@ -427,12 +443,12 @@ async fn send_released(
         let sent = if unconfirmed.failed_at(position) {
             None
         } else {
-            Some(relay.sink.enqueue(&message).await)
+            Some(outlet.sink.enqueue(&message).await)
         };
         if let Some(Err(e)) = &sent
             && !e.is_permanent()
         {
-            return Err(stop_sending(relay, e.clone()));
+            return Err(stop_sending(outlet, e.clone()));
         }
         unconfirmed.released(position, sent);
     }
@@ -441,9 +457,9 @@ async fn send_released(
 
 /// The stream stops at a transient failure: what the sink still queues is dropped (it would be
 /// sent again, after what the stream sends from the confirmed position).
-fn stop_sending(relay: &Outlet<'_>, error: SinkError) -> Stop {
+fn stop_sending(outlet: &Outlet<'_>, error: SinkError) -> Stop {
     metrics::wal_failure("transient");
-    relay.sink.purge();
+    outlet.sink.purge();
     Stop::Sink(error)
 }
 

@@ -55,8 +55,9 @@ impl Parked {
         Ok(Parked { held, skip_parked })
     }
 
+    /// Asked of every event read: free while nothing is held (no key is built).
     pub fn is_holding(&self, row: &OutboxRow) -> bool {
-        self.held.contains(&aggregate(row))
+        !self.held.is_empty() && self.held.contains(&aggregate(row))
     }
 
     /// An event of `row`'s aggregate was parked: its later events wait (not with `skip_parked`).
@@ -95,11 +96,7 @@ pub(super) async fn keep(
     let table_row = row.recorded.is_none();
     let payload = (table_row && !row.payload.is_empty())
         .then(|| String::from_utf8_lossy(&row.payload).into_owned());
-    let headers = if table_row {
-        row.headers.as_deref()
-    } else {
-        None
-    };
+    let headers = row.headers.as_deref().filter(|_| table_row);
     sqlx::query(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic,
                              payload, headers, recorded, attempts, last_error, parked_at, held_at)
