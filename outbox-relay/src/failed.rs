@@ -124,11 +124,14 @@ async fn read_by_wal(table: &mut OutboxTable) -> Result<bool, sqlx::Error> {
 /// order once everything it read before has settled, so no later event goes out first.
 pub async fn retry(database_url: &str, selection: &Selection) -> Result<u64, sqlx::Error> {
     let (condition, params) = selection.condition();
-    let sql = format!(
-        "UPDATE outbox SET parked_at = NULL, retry_at = NULL{{held}}
-         WHERE published_at IS NULL AND (parked_at IS NOT NULL OR retry_at IS NOT NULL) AND {condition}"
-    );
-    execute(database_url, &sql, params).await
+    let sql = |wal: bool| {
+        let held = if wal { ", held_at = now()" } else { "" };
+        format!(
+            "UPDATE outbox SET parked_at = NULL, retry_at = NULL{held}
+             WHERE published_at IS NULL AND (parked_at IS NOT NULL OR retry_at IS NOT NULL) AND {condition}"
+        )
+    };
+    execute(database_url, sql, params).await
 }
 
 /// Gives up on the selected parked events: they leave the backlog as if published, with the
@@ -143,19 +146,26 @@ pub async fn skip(
     let (condition, mut params) = selection.condition();
     let reason_mark = params.len() + 1;
     params.push(format!("skipped by an operator: {reason}"));
-    let sql = format!(
-        "UPDATE outbox SET published_at = {{now}}, last_error = ?{reason_mark}
-         WHERE published_at IS NULL AND parked_at IS NOT NULL AND {condition}"
-    );
-    execute(database_url, &sql, params).await
+    let sql = |_wal: bool| {
+        format!(
+            "UPDATE outbox SET published_at = {{now}}, last_error = ?{reason_mark}
+             WHERE published_at IS NULL AND parked_at IS NOT NULL AND {condition}"
+        )
+    };
+    execute(database_url, sql, params).await
 }
 
-/// Runs one of this module's updates; under the WAL source, with the release of the aggregates it
-/// changed, in one transaction. `{held}` in `sql` marks what a retry makes held there.
-async fn execute(database_url: &str, sql: &str, params: Vec<String>) -> Result<u64, sqlx::Error> {
+/// Runs one of this module's updates, written by `sql` for the table's source (`true`: a WAL relay
+/// reads it); under the WAL source with the release of the aggregates it changed, in one
+/// transaction.
+async fn execute(
+    database_url: &str,
+    sql: impl FnOnce(bool) -> String,
+    params: Vec<String>,
+) -> Result<u64, sqlx::Error> {
     let mut table = OutboxTable::connect(database_url).await?;
     let wal = read_by_wal(&mut table).await?;
-    let sql = dialect(&table, sql).replace("{held}", if wal { ", held_at = now()" } else { "" });
+    let sql = dialect(&table, &sql(wal));
     // Audited: the statement is built from this module's fragments; every value is a parameter.
     let rows = match &mut table {
         OutboxTable::Postgres(conn) if wal => {
@@ -171,7 +181,7 @@ async fn execute(database_url: &str, sql: &str, params: Vec<String>) -> Result<u
                 changed.iter().collect();
             if !aggregates.is_empty() {
                 sqlx::query("SELECT pg_logical_emit_message(true, $1, $2)")
-                    .bind(crate::wal::RELEASE_MESSAGE_PREFIX)
+                    .bind(crate::wal::RELEASE_PREFIX)
                     .bind(serde_json::to_string(&aggregates).expect("strings serialize"))
                     .execute(&mut *tx)
                     .await?;
