@@ -1,6 +1,7 @@
 //! The relay's settings, with their defaults.
 
 use crate::outbox_table::Mode;
+use crate::redact::redact_url;
 use crate::routing::DEFAULT_TOPIC_TEMPLATE;
 use crate::wakeup::Wakeup;
 use std::time::Duration;
@@ -140,7 +141,7 @@ impl RelayConfig {
 impl std::fmt::Debug for RelayConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayConfig")
-            .field("database_url", &crate::redact_url(&self.database_url))
+            .field("database_url", &redact_url(&self.database_url))
             .field("batch_size", &self.batch_size)
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("max_payload_bytes", &self.max_payload_bytes)

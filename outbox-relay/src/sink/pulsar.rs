@@ -132,7 +132,7 @@ impl PulsarSink {
         if !url.starts_with("pulsar://") && !url.starts_with("pulsar+ssl://") {
             return Err(SinkError::permanent(format!(
                 "pulsar url must start with pulsar:// or pulsar+ssl://, got {}",
-                crate::redact_url(url)
+                crate::redact::redact_url(url)
             )));
         }
         Ok(PulsarSink {
