@@ -36,6 +36,7 @@
 #[cfg(feature = "cli")]
 pub mod cli;
 mod config;
+mod database;
 #[cfg(feature = "endpoints")]
 pub mod endpoints;
 mod error;

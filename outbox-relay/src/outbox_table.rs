@@ -6,11 +6,11 @@
 //! tables). No row lock is needed: on PostgreSQL the replica's shard leases make it the only
 //! publisher of its rows (`leases.rs`), and SQLite allows one relay per database.
 
+use crate::database::{Backend, connect_postgres};
 use futures::future::BoxFuture;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
-use std::time::Duration;
 use uuid::Uuid;
 
 /// An unpublished outbox row, as claimed.
@@ -329,23 +329,14 @@ impl OutboxTable {
     /// Opens the relay's connection to `url` (`postgres://…` or `sqlite:…`), failing after the
     /// URL's `connect_timeout` (see [`connect_timeout`]).
     pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
-        if url.starts_with("sqlite:") {
-            return Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?));
+        match Backend::of(url) {
+            Backend::Sqlite => Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?)),
+            Backend::Postgres => {
+                let mut conn = connect_postgres(url).await?;
+                sqlx::raw_sql(PG_SESSION).execute(&mut conn).await?;
+                Ok(OutboxTable::Postgres(conn))
+            }
         }
-        let (options, timeout) = postgres_options(url)?;
-        let connect = async {
-            let mut conn = PgConnection::connect_with(&options).await?;
-            sqlx::raw_sql(PG_SESSION).execute(&mut conn).await?;
-            Ok(OutboxTable::Postgres(conn))
-        };
-        tokio::time::timeout(timeout, connect)
-            .await
-            .unwrap_or_else(|_| {
-                Err(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("the database did not answer within {timeout:?} (connect_timeout)"),
-                )))
-            })
     }
 
     /// Claims the oldest unpublished rows of `shards` within `limits`, in `seq` order, skipping
@@ -410,52 +401,6 @@ impl OutboxTable {
             OutboxTable::Sqlite(_) => None,
         }
     }
-}
-
-/// How long a connection attempt may take by default.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Splits libpq's `connect_timeout` parameter (whole seconds) off a PostgreSQL URL: sqlx does not
-/// know it, and the relay applies it itself. Without it, [`DEFAULT_CONNECT_TIMEOUT`].
-pub(crate) fn connect_timeout(url: &str) -> (String, Duration) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), DEFAULT_CONNECT_TIMEOUT);
-    };
-    let mut timeout = DEFAULT_CONNECT_TIMEOUT;
-    let rest: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.strip_prefix("connect_timeout=") {
-            Some(seconds) => {
-                if let Ok(seconds) = seconds.parse::<u64>() {
-                    timeout = Duration::from_secs(seconds.max(1));
-                }
-                false
-            }
-            None => true,
-        })
-        .collect();
-    if rest.is_empty() {
-        (base.to_owned(), timeout)
-    } else {
-        (format!("{base}?{}", rest.join("&")), timeout)
-    }
-}
-
-/// The name the relay's connections show in `pg_stat_activity`, unless the URL sets one.
-pub const APPLICATION_NAME: &str = "outbox-relay";
-
-/// The connection options of a PostgreSQL URL, named [`APPLICATION_NAME`] unless the URL (or
-/// `PGAPPNAME`) names them, and the URL's connect timeout.
-pub(crate) fn postgres_options(
-    url: &str,
-) -> Result<(sqlx::postgres::PgConnectOptions, Duration), sqlx::Error> {
-    use std::str::FromStr;
-    let (url, timeout) = connect_timeout(url);
-    let mut options = sqlx::postgres::PgConnectOptions::from_str(&url)?;
-    if options.get_application_name().is_none() {
-        options = options.application_name(APPLICATION_NAME);
-    }
-    Ok((options, timeout))
 }
 
 /// Runs `task` every `every` until `shutdown`, on a connection of its own that is opened again after
@@ -638,25 +583,6 @@ async fn settle_sqlite(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn connect_timeout_is_taken_off_the_url() {
-        assert_eq!(
-            connect_timeout("postgres://db/shop?connect_timeout=2&sslmode=require"),
-            (
-                "postgres://db/shop?sslmode=require".into(),
-                Duration::from_secs(2)
-            )
-        );
-        assert_eq!(
-            connect_timeout("postgres://db/shop?connect_timeout=9"),
-            ("postgres://db/shop".into(), Duration::from_secs(9))
-        );
-        assert_eq!(
-            connect_timeout("postgres://db/shop"),
-            ("postgres://db/shop".into(), DEFAULT_CONNECT_TIMEOUT)
-        );
-    }
 
     #[test]
     fn the_shard_mask_sets_bit_n_mod_8_of_byte_n_div_8() {

@@ -2,6 +2,7 @@
 //! overlapping the broker's answers. Read top to bottom.
 
 use crate::config::{RelayConfig, Source, backoff};
+use crate::database::Backend;
 use crate::error::SourceError;
 use crate::leases::Leases;
 use crate::ordering::{Admission, Verdict, Waiting};
@@ -40,6 +41,8 @@ pub struct Relay {
     pub(crate) config: RelayConfig,
     pub(crate) sink: Box<dyn Sink>,
     pub(crate) router: Router,
+    /// The database's backend, told once from its URL.
+    backend: Backend,
     /// On SQLite, the lock file that makes this the database's only relay.
     sqlite_lock: std::sync::Mutex<Option<std::fs::File>>,
     /// The connection readiness probes ping, kept between probes.
@@ -50,10 +53,12 @@ impl Relay {
     /// A relay publishing to `sink`, routing by the event types registered in this binary.
     pub fn new(config: RelayConfig, sink: impl Sink + 'static) -> Self {
         let router = Router::new(&config.topic_template, config.strict);
+        let backend = Backend::of(&config.database_url);
         Relay {
             config,
             sink: Box::new(sink),
             router,
+            backend,
             sqlite_lock: std::sync::Mutex::new(None),
             probe: tokio::sync::Mutex::new(None),
         }
@@ -66,7 +71,7 @@ impl Relay {
     pub fn lock_sqlite(&self) -> Result<(), String> {
         use std::str::FromStr;
         let url = &self.config.database_url;
-        if !url.starts_with("sqlite:") {
+        if self.backend != Backend::Sqlite {
             return Ok(());
         }
         let mut held = self.sqlite_lock.lock().expect("sqlite lock");
@@ -108,7 +113,7 @@ impl Relay {
     pub async fn check_source(&self) -> Result<(), SourceError> {
         let url = &self.config.database_url;
         match &self.config.source {
-            Source::Table if url.starts_with("sqlite:") => Ok(()),
+            Source::Table if self.backend == Backend::Sqlite => Ok(()),
             Source::Table => {
                 let mut table = OutboxTable::connect(url).await?;
                 let conn = table.postgres().expect("a PostgreSQL URL");
@@ -121,7 +126,7 @@ impl Relay {
                     )))
                 }
             }
-            Source::Wal(_) if url.starts_with("sqlite:") => Err(SourceError::Refused(
+            Source::Wal(_) if self.backend == Backend::Sqlite => Err(SourceError::Refused(
                 "the WAL source needs PostgreSQL; SQLite has no logical replication".into(),
             )),
             Source::Wal(source) => wal::check(url, source).await,

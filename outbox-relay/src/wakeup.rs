@@ -44,7 +44,7 @@ pub(crate) async fn listen(
     database_url: &str,
     tasks: &crate::tasks::BackgroundTasks,
 ) -> Result<Arc<Notify>, sqlx::Error> {
-    let (options, timeout) = crate::outbox_table::postgres_options(database_url)?;
+    let (options, timeout) = crate::database::postgres_options(database_url)?;
     // A pool of one, as `PgListener::connect` makes: it reconnects the listener.
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)

@@ -3,6 +3,7 @@
 use super::UsageError;
 use super::output::failure;
 use super::settings::Settings;
+use crate::database::Backend;
 use crate::redact_url;
 use crate::wakeup::NOTIFY_TRIGGER_SQL;
 use std::process::ExitCode;
@@ -12,7 +13,7 @@ pub(super) async fn migrate(
     notify_trigger: bool,
 ) -> Result<ExitCode, UsageError> {
     let url = settings.database_url()?;
-    if notify_trigger && url.starts_with("sqlite:") {
+    if notify_trigger && Backend::of(&url) == Backend::Sqlite {
         return Err(UsageError("--notify-trigger needs PostgreSQL".into()));
     }
     Ok(match apply(&url, notify_trigger).await {
@@ -26,7 +27,7 @@ pub(super) async fn migrate(
 
 async fn apply(url: &str, notify_trigger: bool) -> Result<(), seaorm_outbox::sea_orm::DbErr> {
     use seaorm_outbox::sea_orm::{ConnectOptions, ConnectionTrait, Database};
-    let (url, timeout) = crate::outbox_table::connect_timeout(url);
+    let (url, timeout) = crate::database::connect_timeout(url);
     let mut options = ConnectOptions::new(url);
     options
         .sqlx_logging(false)

@@ -5,6 +5,7 @@
 
 use super::UsageError;
 use crate::RelayConfig;
+use crate::database::Backend;
 use crate::outbox_table::Mode;
 use crate::sink::SinkConfig;
 use crate::wakeup::Wakeup;
@@ -300,17 +301,19 @@ impl Settings {
                         .into(),
                 )
             })?;
-        let valid = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            check_postgres_parameters(url)?;
-            let (url, _) = crate::outbox_table::connect_timeout(url);
-            sqlx::postgres::PgConnectOptions::from_str(&url).map(drop)
-        } else if url.starts_with("sqlite:") {
-            sqlx::sqlite::SqliteConnectOptions::from_str(url).map(drop)
-        } else {
-            return Err(UsageError(format!(
-                "database URL {} must start with postgres://, postgresql:// or sqlite:",
-                crate::redact_url(url)
-            )));
+        let valid = match Backend::parse(url) {
+            Some(Backend::Postgres) => {
+                check_postgres_parameters(url)?;
+                let (url, _) = crate::database::connect_timeout(url);
+                sqlx::postgres::PgConnectOptions::from_str(&url).map(drop)
+            }
+            Some(Backend::Sqlite) => sqlx::sqlite::SqliteConnectOptions::from_str(url).map(drop),
+            None => {
+                return Err(UsageError(format!(
+                    "database URL {} must start with postgres://, postgresql:// or sqlite:",
+                    crate::redact_url(url)
+                )));
+            }
         };
         valid.map_err(|e| {
             UsageError(format!(
@@ -384,13 +387,13 @@ impl Settings {
                     self.wal_publication.clone().unwrap_or(default.publication),
                 )
                 .map_err(UsageError)?;
-                if config.database_url.starts_with("sqlite:") {
+                if Backend::of(&config.database_url) == Backend::Sqlite {
                     return Err(UsageError("--source wal needs PostgreSQL".into()));
                 }
                 crate::Source::Wal(source)
             }
         };
-        if config.wakeup == Wakeup::Notify && config.database_url.starts_with("sqlite:") {
+        if config.wakeup == Wakeup::Notify && Backend::of(&config.database_url) == Backend::Sqlite {
             return Err(UsageError("--wakeup notify needs PostgreSQL".into()));
         }
         Ok(config)

@@ -3,22 +3,9 @@
 
 use super::Stop;
 use crate::config::WalSource;
-use crate::outbox_table::postgres_options;
+use crate::database::postgres_options;
 use pgwire_replication::{ReplicationConfig, TlsConfig};
-use sqlx::{Connection, PgConnection};
 use std::time::Duration;
-
-pub(super) async fn connect(url: &str) -> Result<PgConnection, sqlx::Error> {
-    let (options, timeout) = postgres_options(url)?;
-    tokio::time::timeout(timeout, PgConnection::connect_with(&options))
-        .await
-        .unwrap_or_else(|_| {
-            Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("the database did not answer within {timeout:?} (connect_timeout)"),
-            )))
-        })
-}
 
 /// The replication connection's settings, from the relay's PostgreSQL URL (host, port, user,
 /// password, database, `sslmode`, `sslrootcert`, `sslcert`, `sslkey`).
@@ -57,7 +44,7 @@ pub(super) fn replication_config(url: &str, source: &WalSource) -> Result<Replic
     .with_tls(tls)
     // Commit timestamps and `created_at` in one format whatever the server's defaults.
     .with_options("-c datestyle=ISO -c timezone=UTC")
-    .with_application_name(format!("{}-wal", crate::outbox_table::APPLICATION_NAME))
+    .with_application_name(format!("{}-wal", crate::database::APPLICATION_NAME))
     // A confirmed position reaches the server within a second: what a crash can send again.
     .with_status_interval(Duration::from_secs(1))
     .with_wakeup_interval(Duration::from_secs(1));

@@ -21,13 +21,14 @@ pub mod slot;
 mod unconfirmed;
 
 use crate::config::RelayConfig;
+use crate::database::connect_postgres as connect;
 use crate::error::SourceError;
 use crate::metrics;
 use crate::outbox_table::{Limits, OutboxRow};
 use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::{Sink, SinkError};
-use connection::{connect, replication_config};
+use connection::replication_config;
 use parked::{Aggregate, Parked};
 use pgoutput::{Change, Decoder};
 use pgwire_replication::{Lsn, ReplicationClient, ReplicationEvent};

@@ -1,0 +1,128 @@
+//! The relay's database: which backend a URL names, told in one place, and the one way every
+//! relay connection to PostgreSQL is opened (its application name and connect timeout).
+
+use sqlx::{Connection, PgConnection};
+use std::time::Duration;
+
+/// Which database a URL names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl Backend {
+    /// The backend `url` names (`postgres://`, `postgresql://` or `sqlite:`), `None` for another.
+    pub fn parse(url: &str) -> Option<Backend> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Some(Backend::Postgres)
+        } else if url.starts_with("sqlite:") {
+            Some(Backend::Sqlite)
+        } else {
+            None
+        }
+    }
+
+    /// The backend of a relay's URL: SQLite for `sqlite:`, else PostgreSQL (whose driver then
+    /// says what is wrong with the URL).
+    pub fn of(url: &str) -> Backend {
+        Backend::parse(url).unwrap_or(Backend::Postgres)
+    }
+}
+
+/// Opens a PostgreSQL connection of the relay, within the URL's connect timeout.
+pub(crate) async fn connect_postgres(url: &str) -> Result<PgConnection, sqlx::Error> {
+    let (options, timeout) = postgres_options(url)?;
+    tokio::time::timeout(timeout, PgConnection::connect_with(&options))
+        .await
+        .unwrap_or_else(|_| {
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the database did not answer within {timeout:?} (connect_timeout)"),
+            )))
+        })
+}
+
+/// How long a connection attempt may take by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Splits libpq's `connect_timeout` parameter (whole seconds) off a PostgreSQL URL: sqlx does not
+/// know it, and the relay applies it itself. Without it, [`DEFAULT_CONNECT_TIMEOUT`].
+pub(crate) fn connect_timeout(url: &str) -> (String, Duration) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), DEFAULT_CONNECT_TIMEOUT);
+    };
+    let mut timeout = DEFAULT_CONNECT_TIMEOUT;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("connect_timeout=") {
+            Some(seconds) => {
+                if let Ok(seconds) = seconds.parse::<u64>() {
+                    timeout = Duration::from_secs(seconds.max(1));
+                }
+                false
+            }
+            None => true,
+        })
+        .collect();
+    if rest.is_empty() {
+        (base.to_owned(), timeout)
+    } else {
+        (format!("{base}?{}", rest.join("&")), timeout)
+    }
+}
+
+/// The name the relay's connections show in `pg_stat_activity`, unless the URL sets one.
+pub const APPLICATION_NAME: &str = "outbox-relay";
+
+/// The connection options of a PostgreSQL URL, named [`APPLICATION_NAME`] unless the URL (or
+/// `PGAPPNAME`) names them, and the URL's connect timeout.
+pub(crate) fn postgres_options(
+    url: &str,
+) -> Result<(sqlx::postgres::PgConnectOptions, Duration), sqlx::Error> {
+    use std::str::FromStr;
+    let (url, timeout) = connect_timeout(url);
+    let mut options = sqlx::postgres::PgConnectOptions::from_str(&url)?;
+    if options.get_application_name().is_none() {
+        options = options.application_name(APPLICATION_NAME);
+    }
+    Ok((options, timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_timeout_is_taken_off_the_url() {
+        assert_eq!(
+            connect_timeout("postgres://db/shop?connect_timeout=2&sslmode=require"),
+            (
+                "postgres://db/shop?sslmode=require".into(),
+                Duration::from_secs(2)
+            )
+        );
+        assert_eq!(
+            connect_timeout("postgres://db/shop?connect_timeout=9"),
+            ("postgres://db/shop".into(), Duration::from_secs(9))
+        );
+        assert_eq!(
+            connect_timeout("postgres://db/shop"),
+            ("postgres://db/shop".into(), DEFAULT_CONNECT_TIMEOUT)
+        );
+    }
+
+    #[test]
+    fn a_url_names_its_backend() {
+        assert_eq!(
+            Backend::parse("postgresql://db/shop"),
+            Some(Backend::Postgres)
+        );
+        assert_eq!(
+            Backend::parse("sqlite:shop.db?mode=rwc"),
+            Some(Backend::Sqlite)
+        );
+        assert_eq!(Backend::parse("mysql://db/shop"), None);
+        assert_eq!(Backend::of("mysql://db/shop"), Backend::Postgres);
+    }
+}
