@@ -43,10 +43,13 @@ impl WalFixture {
         self.f.spawn_relay(&args)
     }
 
-    /// Waits until the slot exists (the relay creates it at start).
+    /// Waits until the relay has created the slot (at start). A slot being created is listed
+    /// before it has a confirmed position (while it waits for running transactions): events
+    /// committed until then are not in its stream, so this waits for the position.
     pub async fn wait_for_slot(&self) {
         let sql = format!(
-            "SELECT CASE WHEN count(*) > 0 THEN 0 ELSE 1 END::bigint FROM pg_replication_slots WHERE slot_name = '{}'",
+            "SELECT CASE WHEN count(*) > 0 THEN 0 ELSE 1 END::bigint FROM pg_replication_slots
+             WHERE slot_name = '{}' AND confirmed_flush_lsn IS NOT NULL",
             self.source.slot
         );
         self.f.wait_until_zero(&sql, Duration::from_secs(30)).await;
