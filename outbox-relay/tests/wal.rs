@@ -376,6 +376,59 @@ async fn a_retried_event_goes_out_before_a_later_one_committed_behind_it() {
     w.drop_slot().await;
 }
 
+/// `failed retry --id` of one of an aggregate's two parked events: it stays behind the earlier
+/// parked one, with what is held, and all go out in order once that one is retried too.
+#[tokio::test]
+async fn retrying_one_of_an_aggregates_parked_events_keeps_it_behind_the_earlier_one() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    // A relay that does not hold an aggregate behind its parked event parks two of m-x's.
+    let mut relay = w.spawn_relay(&["--skip-parked"]);
+    w.wait_for_slot().await;
+    for (n, headers) in [(0, "'[1]'"), (1, "NULL"), (2, "'[1]'"), (3, "NULL")] {
+        insert(&w, "m-x", n, headers).await;
+    }
+    let topic = w.f.topic("meter");
+    consume(&[&topic], 2, Duration::from_secs(60)).await;
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    let mut relay = w.spawn_relay(&[]);
+    wait_until_reading(&w).await;
+    insert(&w, "m-x", 4, "NULL").await;
+    w.f.db
+        .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-x'")
+        .await
+        .unwrap();
+    let id_of = |n: u64| {
+        let db = w.f.db.clone();
+        async move {
+            let sql = format!(
+                "SELECT id::text FROM outbox WHERE aggregate_id = 'm-x' AND (payload->>'n')::int = {n}"
+            );
+            let row = db
+                .query_one_raw(Statement::from_string(DbBackend::Postgres, sql))
+                .await
+                .unwrap()
+                .unwrap();
+            row.try_get_by_index::<String>(0).unwrap()
+        }
+    };
+    let retried = failed(&w, &["retry", "--id", &id_of(2).await]);
+    assert!(retried.contains("1 events will be retried"), "{retried}");
+    // The release was read (its message is confirmed), and let nothing out.
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+    let received = consume(&[&topic], 2, Duration::from_secs(60)).await;
+    assert_eq!(readings_of(&received, "m-x"), [1, 3], "m-x's deliveries");
+
+    let retried = failed(&w, &["retry", "--id", &id_of(0).await]);
+    assert!(retried.contains("1 events will be retried"), "{retried}");
+    let received = consume(&[&topic], 5, Duration::from_secs(60)).await;
+    assert_eq!(readings_of(&received, "m-x"), [1, 3, 0, 2, 4], "m-x's deliveries");
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    w.drop_slot().await;
+}
+
 /// `failed skip` gives up on exactly the events it names (by id, by aggregate, all) and the
 /// events held behind them go out, in order. (It once skipped the held events too, or left them
 /// held for good.)
