@@ -1,9 +1,7 @@
 //! The relay's settings, with their defaults.
 
-use crate::outbox_table::Mode;
 use crate::redact::redact_url;
 use crate::routing::DEFAULT_TOPIC_TEMPLATE;
-use crate::wakeup::Wakeup;
 use std::time::Duration;
 
 /// Exponential backoff with jitter, from 100 ms up to `max`.
@@ -209,4 +207,29 @@ impl Default for WalSource {
             publication: "outbox_relay".into(),
         }
     }
+}
+
+/// After publishing: mark rows published, or delete them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Set `published_at`; a pruning job deletes old rows later.
+    #[default]
+    Mark,
+    /// Delete the row once the broker acked it.
+    Delete,
+}
+
+/// How the relay learns that there may be new rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum Wakeup {
+    /// Poll every `poll_interval` while idle.
+    #[default]
+    Poll,
+    /// LISTEN on channel `outbox` (install the trigger with `outbox-relay migrate --notify-trigger`)
+    /// and poll as a fallback.
+    Notify,
 }

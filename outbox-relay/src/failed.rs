@@ -4,7 +4,7 @@
 //! a permission to grant, a payload to correct), then `retry` it; or give up on it with `skip`,
 //! which records the reason and lets the aggregate's later events go out, in order.
 
-use crate::outbox_table::OutboxTable;
+use crate::source::table::OutboxTable;
 use sqlx::{Connection, FromRow};
 
 /// A parked event, as `failed list` shows it.
@@ -112,7 +112,9 @@ pub async fn list(database_url: &str) -> Result<Vec<ParkedEvent>, sqlx::Error> {
 /// through the stream.
 async fn read_by_wal(table: &mut OutboxTable) -> Result<bool, sqlx::Error> {
     match table.postgres() {
-        Some(conn) => Ok(!crate::wal::slot::publications(conn).await?.is_empty()),
+        Some(conn) => Ok(!crate::source::wal::slot::publications(conn)
+            .await?
+            .is_empty()),
         None => Ok(false),
     }
 }
@@ -181,7 +183,7 @@ async fn execute(
                 changed.iter().collect();
             if !aggregates.is_empty() {
                 sqlx::query("SELECT pg_logical_emit_message(true, $1, $2)")
-                    .bind(crate::wal::RELEASE_PREFIX)
+                    .bind(crate::source::wal::RELEASE_PREFIX)
                     .bind(serde_json::to_string(&aggregates).expect("strings serialize"))
                     .execute(&mut *tx)
                     .await?;

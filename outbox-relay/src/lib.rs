@@ -33,6 +33,7 @@
 //!
 //! See `docs/design.md` for the guarantees and how replicas share the work.
 
+mod batch;
 #[cfg(feature = "cli")]
 pub mod cli;
 mod config;
@@ -41,28 +42,27 @@ mod database;
 pub mod endpoints;
 mod error;
 pub mod failed;
-mod leases;
 pub mod metrics;
 mod ordering;
-mod outbox_table;
-mod prune;
 mod redact;
 mod relay;
 mod routing;
+mod row;
 pub mod sink;
+mod source;
 mod status;
 pub mod tasks;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod wakeup;
-pub mod wal;
 
-pub use config::{RelayConfig, Source};
+pub use config::Wakeup;
+pub use config::{Mode, RelayConfig, Source};
 pub use error::SourceError;
-pub use outbox_table::{Mode, PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
-pub use prune::{PRUNE_BATCH, prune};
 pub use redact::{is_secret_key, redact_url};
 pub use relay::{READY_TIMEOUT, Relay};
 pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};
+pub use source::table::prune::{PRUNE_BATCH, prune};
+pub use source::table::wakeup;
+pub use source::table::{PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
+pub use source::wal;
 pub use status::{Status, status};
-pub use wakeup::Wakeup;

@@ -13,7 +13,7 @@
 //! | `outbox_commit_to_ack_seconds` | histogram | from recording (`created_at`) to the broker's ack |
 //! | `outbox_shards_leased` | gauge | shards this replica publishes |
 
-use crate::outbox_table::Outcome;
+use crate::batch::Outcome;
 use std::time::Duration;
 
 pub(crate) const BACKLOG: &str = "outbox_backlog_events";

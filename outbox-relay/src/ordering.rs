@@ -18,7 +18,7 @@
 //!
 //! Held events are left untouched: a later claim finds them again, in `seq` order.
 
-use crate::outbox_table::OutboxRow;
+use crate::row::OutboxRow;
 use crate::sink::{FailureKind, SinkError};
 use std::collections::HashSet;
 

@@ -1,18 +1,21 @@
 //! The relay's loop: claim a batch, send it, settle what the broker answered, with the next claim
 //! overlapping the broker's answers. Read top to bottom.
 
-use crate::config::{RelayConfig, Source, backoff};
+use crate::batch::{Limits, Outcome};
+use crate::config::{Mode, RelayConfig, Source, Wakeup, backoff};
 use crate::database::Backend;
 use crate::error::SourceError;
-use crate::leases::Leases;
 use crate::ordering::{Admission, Verdict, Waiting};
-use crate::outbox_table::{Limits, Mode, OutboxRow, OutboxTable, Outcome};
 use crate::redact::redact_url;
 use crate::routing::Router;
+use crate::row::OutboxRow;
 use crate::sink::{Ack, Sink, SinkError};
+use crate::source::table::leases::Leases;
+use crate::source::table::wakeup;
+use crate::source::table::{OutboxTable, prune};
+use crate::source::wal;
 use crate::tasks::BackgroundTasks;
-use crate::wakeup::{self, Wakeup};
-use crate::{metrics, prune, status, wal};
+use crate::{metrics, status};
 use futures::FutureExt;
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! `#[derive(OutboxEvent)]` types linked into this binary), else the template, by default
 //! `outbox.event.{aggregate_type}` as Debezium's outbox router does.
 
-use crate::outbox_table::OutboxRow;
+use crate::row::OutboxRow;
 use crate::sink::Message;
 use seaorm_outbox::EventRegistration;
 use std::collections::HashMap;

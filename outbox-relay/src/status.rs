@@ -1,7 +1,7 @@
 //! `outbox-relay status`: how far behind the relay is.
 
 use crate::metrics;
-use crate::outbox_table::{OutboxTable, every_tick};
+use crate::source::table::{OutboxTable, every_tick};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +18,7 @@ pub struct Status {
     /// The WAL source's replication slots (PostgreSQL, when the outbox table is published for
     /// logical replication); empty for the polling source. With them, `backlog` and
     /// `oldest_unpublished` do not apply: the WAL source never marks rows.
-    pub wal_slots: Vec<crate::wal::SlotStatus>,
+    pub wal_slots: Vec<crate::source::wal::SlotStatus>,
 }
 
 impl std::fmt::Display for Status {
@@ -101,7 +101,7 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
             }
         };
     let wal_slots = match table {
-        OutboxTable::Postgres(conn) => crate::wal::slot::all_status(conn).await?,
+        OutboxTable::Postgres(conn) => crate::source::wal::slot::all_status(conn).await?,
         OutboxTable::Sqlite(_) => Vec::new(),
     };
     Ok(Status {
@@ -154,7 +154,7 @@ pub(crate) async fn sample_slot(
                 let Some(conn) = table.postgres() else {
                     return Ok(());
                 };
-                let status = crate::wal::slot::status(conn, &slot).await?;
+                let status = crate::source::wal::slot::status(conn, &slot).await?;
                 metrics::slot_sampled(
                     status.as_ref().map(|s| s.lag_bytes),
                     status.is_some_and(|s| s.active),

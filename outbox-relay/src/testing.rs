@@ -34,9 +34,9 @@
 
 use crate::error::SourceError;
 use crate::failed::ParkedEvent;
-use crate::outbox_table::OutboxTable;
 use crate::sink::Message;
 use crate::sink::memory::MemorySink;
+use crate::source::table::OutboxTable;
 use crate::{Relay, RelayConfig};
 use seaorm_outbox::{Envelope, EnvelopeError};
 use std::time::Duration;

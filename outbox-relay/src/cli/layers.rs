@@ -201,7 +201,7 @@ fn expand(text: &str, at: &str) -> Result<String, UsageError> {
 mod tests {
     use super::*;
 
-    use crate::outbox_table::Mode;
+    use crate::config::Mode;
 
     #[test]
     fn upper_layers_win_key_by_key() {

@@ -5,7 +5,7 @@ use super::output::failure;
 use super::settings::Settings;
 use crate::database::Backend;
 use crate::redact_url;
-use crate::wakeup::NOTIFY_TRIGGER_SQL;
+use crate::source::table::wakeup::NOTIFY_TRIGGER_SQL;
 use std::process::ExitCode;
 
 pub(super) async fn migrate(

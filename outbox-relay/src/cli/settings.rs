@@ -5,10 +5,10 @@
 
 use super::UsageError;
 use crate::RelayConfig;
+use crate::config::Mode;
+use crate::config::Wakeup;
 use crate::database::Backend;
-use crate::outbox_table::Mode;
 use crate::sink::SinkConfig;
-use crate::wakeup::Wakeup;
 use clap::{Args, ValueEnum};
 use seaorm_outbox::Secret;
 use serde::{Deserialize, Serialize};
@@ -381,8 +381,8 @@ impl Settings {
                 crate::Source::Table
             }
             SourceKind::Wal => {
-                let default = crate::wal::WalSource::default();
-                let source = crate::wal::WalSource::new(
+                let default = crate::source::wal::WalSource::default();
+                let source = crate::source::wal::WalSource::new(
                     self.wal_slot.clone().unwrap_or(default.slot),
                     self.wal_publication.clone().unwrap_or(default.publication),
                 )

@@ -5,7 +5,7 @@ use super::args::WalCommand;
 use super::output::failure;
 use super::settings::Settings;
 use crate::redact_url;
-use crate::wal::WalSource;
+use crate::source::wal::WalSource;
 use std::process::ExitCode;
 
 pub(super) async fn wal(settings: &Settings, command: WalCommand) -> Result<ExitCode, UsageError> {
@@ -13,7 +13,7 @@ pub(super) async fn wal(settings: &Settings, command: WalCommand) -> Result<Exit
     match command {
         WalCommand::Drop { slot, publication } => {
             let source = WalSource::new(slot, publication).map_err(UsageError)?;
-            Ok(match crate::wal::drop_source(&url, &source).await {
+            Ok(match crate::source::wal::drop_source(&url, &source).await {
                 Ok(dropped) if dropped.is_empty() => {
                     println!(
                         "nothing to drop: no slot {} and no publication {}",

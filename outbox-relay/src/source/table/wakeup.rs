@@ -9,18 +9,7 @@ use sqlx::postgres::PgListener;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
-/// How the relay learns that there may be new rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
-#[serde(rename_all = "lowercase")]
-pub enum Wakeup {
-    /// Poll every `poll_interval` while idle.
-    #[default]
-    Poll,
-    /// LISTEN on channel `outbox` (install the trigger with `outbox-relay migrate --notify-trigger`)
-    /// and poll as a fallback.
-    Notify,
-}
+pub use crate::config::Wakeup;
 
 /// The channel the trigger notifies.
 pub const CHANNEL: &str = "outbox";

@@ -4,7 +4,7 @@
 //! message contract and parking are the polling relay's own.
 
 use super::pgoutput::{Relation, Value};
-use crate::outbox_table::OutboxRow;
+use crate::row::OutboxRow;
 use bytes::Bytes;
 use pgwire_replication::Lsn;
 

@@ -10,7 +10,7 @@
 //! later event first: the later one was never handed to it. After a permanent failure the
 //! aggregate's held events are not sent at all; they park behind the failed one.
 
-use crate::outbox_table::OutboxRow;
+use crate::row::OutboxRow;
 use crate::sink::{Ack, Message, SinkError};
 use futures::FutureExt;
 use futures::future::BoxFuture;

@@ -4,7 +4,7 @@
 //! WAL until it commits, stalling writers (peers have shipped that bug). Each batch is found through
 //! the partial index `outbox_published`. In delete mode there is nothing to prune.
 
-use crate::outbox_table::{OutboxTable, every_tick};
+use super::{OutboxTable, every_tick};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 

@@ -20,13 +20,14 @@ mod pgoutput;
 pub mod slot;
 mod unconfirmed;
 
+use crate::batch::Limits;
 use crate::config::RelayConfig;
 use crate::database::connect_postgres as connect;
 use crate::error::SourceError;
 use crate::metrics;
-use crate::outbox_table::{Limits, OutboxRow};
 use crate::redact::redact_url;
 use crate::routing::Router;
+use crate::row::OutboxRow;
 use crate::sink::{Sink, SinkError};
 use connection::replication_config;
 use parked::{Aggregate, Parked};

@@ -112,7 +112,7 @@ fn ignore_duplicate<T>(result: Result<T, sqlx::Error>) -> Result<(), sqlx::Error
     }
 }
 
-/// Live polling relays of this outbox table: their membership locks (see `leases.rs`).
+/// Live polling relays of this outbox table: their membership locks (see `source/table/leases.rs`).
 const POLLING_RELAYS: &str = "
 SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())

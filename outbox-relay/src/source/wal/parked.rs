@@ -14,7 +14,8 @@
 //! one. So no event of an aggregate can go out ahead of one held before it.
 
 use super::event::{from_recorded, table_id};
-use crate::outbox_table::{Limits, OutboxRow};
+use crate::batch::Limits;
+use crate::row::OutboxRow;
 use bytes::Bytes;
 use sqlx::PgConnection;
 use std::collections::HashSet;
