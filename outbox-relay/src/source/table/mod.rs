@@ -11,94 +11,121 @@
 pub(crate) mod leases;
 mod postgres;
 pub(crate) mod prune;
+mod read;
 mod sqlite;
 pub mod wakeup;
 
 use crate::batch::{Limits, Outcome};
+use crate::config::{RelayConfig, Wakeup};
 use crate::database::{Backend, connect_postgres};
+use crate::metrics;
 use crate::row::OutboxRow;
+use crate::tasks::BackgroundTasks;
 use futures::future::BoxFuture;
+use leases::Leases;
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
+use std::sync::Arc;
+use tokio::sync::Notify;
 
 pub use crate::config::Mode;
 pub use postgres::{PG_CLAIM, PG_SESSION};
 
-impl OutboxRow {
-    /// Reads one claimed row column by column. A column that cannot be read becomes the row's
-    /// defect, so one bad row is parked instead of failing the claim for every aggregate.
-    pub(crate) fn read<R>(row: &R, limits: &Limits) -> OutboxRow
-    where
-        R: sqlx::Row,
-        for<'n> &'n str: sqlx::ColumnIndex<R>,
-        for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-        for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-        for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-        for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    {
-        let mut defect = None;
-        let seq: i64 = column(row, "seq", &mut defect).unwrap_or(-1);
-        let unreadable = || format!("<unreadable, seq {seq}>");
-        let text = |name: &str, defect: &mut Option<String>| {
-            column::<R, String>(row, name, defect).unwrap_or_else(unreadable)
-        };
-        let id = text("id", &mut defect);
-        let aggregate_type = text("aggregate_type", &mut defect);
-        let aggregate_id = text("aggregate_id", &mut defect);
-        let event_type = text("event_type", &mut defect);
-        let event_version = column(row, "event_version", &mut defect).unwrap_or(0);
-        let topic = column(row, "topic", &mut defect).flatten();
-        let headers = column(row, "headers", &mut defect).flatten();
-        let attempts = column(row, "attempts", &mut defect).unwrap_or(0);
-        let created_ms = column(row, "created_ms", &mut defect).flatten();
-        let payload_bytes: i64 = column(row, "payload_bytes", &mut defect).unwrap_or(0);
-        let payload_valid: bool = column(row, "payload_valid", &mut defect).unwrap_or(false);
-        let payload: Option<String> = column(row, "payload", &mut defect).flatten();
-        if defect.is_none() {
-            defect = if payload_bytes > i64::try_from(limits.max_payload_bytes).unwrap_or(i64::MAX)
-            {
-                Some(format!(
-                    "payload too large: {payload_bytes} bytes, over the relay's limit of {} (max_payload_bytes)",
-                    limits.max_payload_bytes
-                ))
-            } else if !payload_valid || payload.is_none() {
-                Some("payload is not valid JSON".to_owned())
-            } else {
-                None
-            };
-        }
-        OutboxRow {
-            id,
-            seq,
-            aggregate_type,
-            aggregate_id,
-            event_type,
-            event_version,
-            topic,
-            payload: payload.map(bytes::Bytes::from).unwrap_or_default(),
-            headers,
-            attempts,
-            created_ms,
-            defect,
-            recorded: None,
-        }
-    }
+/// One connection's life of the table source: the connection that claims and settles, the shard
+/// leases it holds (PostgreSQL), and the wake-ups on new rows (`--wakeup notify`). The pump drives
+/// it: [`claim`](Self::claim), then [`settle`](Self::settle) what the broker answered, and
+/// between batches [`rebalance`](Self::rebalance) when [`rebalance_due`](Self::rebalance_due).
+pub(crate) struct TableSource {
+    table: OutboxTable,
+    leases: Option<Leases>,
+    wakeups: Option<Arc<Notify>>,
+    mode: Mode,
+    hold_parked: bool,
 }
 
-/// The value of column `name`, or `None` with the first such failure kept in `defect`.
-fn column<'r, R, T>(row: &'r R, name: &str, defect: &mut Option<String>) -> Option<T>
-where
-    R: sqlx::Row,
-    for<'n> &'n str: sqlx::ColumnIndex<R>,
-    T: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    match row.try_get::<T, _>(name) {
-        Ok(value) => Some(value),
-        Err(e) => {
-            defect.get_or_insert_with(|| format!("column `{name}` cannot be read: {e}"));
-            None
+impl TableSource {
+    /// Connects, joins the replicas (PostgreSQL) and listens for new rows if asked to; the
+    /// listener is one of `tasks`, and stops with them.
+    pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, sqlx::Error> {
+        let mut table = OutboxTable::connect(&config.database_url).await?;
+        let leases = match table.postgres() {
+            Some(conn) => Some(Leases::join(conn, config.lease_refresh).await?),
+            None => None,
+        };
+        let wakeups = match config.wakeup {
+            Wakeup::Notify => Some(wakeup::listen(&config.database_url, tasks).await?),
+            Wakeup::Poll => None,
+        };
+        Ok(TableSource {
+            table,
+            leases,
+            wakeups,
+            mode: config.mode,
+            hold_parked: !config.skip_parked,
+        })
+    }
+
+    /// Whether the shards should be rebalanced now: then the pump settles what it has in flight
+    /// first, so a lease moves only after its owner committed its last batch.
+    pub fn rebalance_due(&self) -> bool {
+        self.leases
+            .as_ref()
+            .is_some_and(|l| l.due(std::time::Instant::now()))
+    }
+
+    /// Takes and releases shards towards this replica's fair share (nothing in flight).
+    pub async fn rebalance(&mut self) -> Result<(), sqlx::Error> {
+        if let (Some(leases), Some(conn)) = (&mut self.leases, self.table.postgres()) {
+            leases.refresh(conn).await?;
+            metrics::shards(leases.held().len());
         }
+        Ok(())
+    }
+
+    /// Claims the oldest publishable rows of this replica's shards (all rows on SQLite, which
+    /// allows one relay), skipping the rows in flight (by `seq`), whose answers may still come.
+    pub async fn claim(
+        &mut self,
+        limits: &Limits,
+        in_flight: &[i64],
+    ) -> Result<Claim, sqlx::Error> {
+        let shards = match &self.leases {
+            Some(leases) => leases.held().to_vec(),
+            None => vec![0],
+        };
+        self.table
+            .claim(limits, &shards, self.hold_parked, in_flight)
+            .await
+    }
+
+    /// Writes what became of a batch, in one short transaction.
+    pub async fn settle(&mut self, outcome: &Outcome) -> Result<(), sqlx::Error> {
+        self.table.settle(outcome, self.mode).await
+    }
+
+    /// `until`, or the next lease refresh if that comes first.
+    pub fn wake_at(&self, until: tokio::time::Instant) -> tokio::time::Instant {
+        match &self.leases {
+            Some(leases) => until.min(tokio::time::Instant::from_std(leases.next_refresh())),
+            None => until,
+        }
+    }
+
+    /// Resolves when a transaction inserted into the outbox (never without `--wakeup notify`).
+    pub async fn new_rows(&self) {
+        match &self.wakeups {
+            Some(notify) => notify.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Leaves the replicas, releasing this replica's shards at once (nothing in flight).
+    pub async fn leave(mut self) -> Result<(), sqlx::Error> {
+        if let (Some(leases), Some(conn)) = (self.leases.take(), self.table.postgres()) {
+            leases.leave(conn).await?;
+        }
+        Ok(())
     }
 }
 
@@ -149,7 +176,7 @@ impl OutboxTable {
         let batch_bytes = i64::try_from(limits.max_batch_bytes).unwrap_or(i64::MAX);
         match self {
             OutboxTable::Postgres(conn) => {
-                let (rows, full) = read_rows(
+                let (rows, full) = read::read_rows(
                     sqlx::query(postgres::PG_CLAIM)
                         .bind(shard_mask(shards))
                         .bind(rows)
@@ -164,7 +191,7 @@ impl OutboxTable {
                 Ok(Claim { rows, full })
             }
             OutboxTable::Sqlite(conn) => {
-                let (rows, full) = read_rows(
+                let (rows, full) = read::read_rows(
                     sqlx::query(sqlite::SQLITE_CLAIM)
                         .bind(rows)
                         .bind(hold_parked)
@@ -238,37 +265,6 @@ pub(crate) fn shard_mask(shards: &[i16]) -> Vec<u8> {
         }
     }
     mask
-}
-
-/// Reads the claimed rows as they arrive (so each row's raw bytes are freed once read), and
-/// whether the claim stopped at a limit with more rows waiting.
-async fn read_rows<R>(
-    mut raw: futures::stream::BoxStream<'_, Result<R, sqlx::Error>>,
-    limits: &Limits,
-) -> Result<(Vec<OutboxRow>, bool), sqlx::Error>
-where
-    R: sqlx::Row,
-    for<'n> &'n str: sqlx::ColumnIndex<R>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    use futures::TryStreamExt;
-    let mut rows = Vec::new();
-    let mut candidates = 0;
-    while let Some(row) = raw.try_next().await? {
-        if rows.is_empty() {
-            candidates = row
-                .try_get::<i64, _>("candidates")
-                .ok()
-                .and_then(|n| usize::try_from(n).ok())
-                .unwrap_or(0);
-        }
-        rows.push(OutboxRow::read(&row, limits));
-    }
-    let full = candidates >= limits.batch_size || rows.len() < candidates;
-    Ok((rows, full))
 }
 
 impl OutboxTable {

@@ -21,14 +21,13 @@ pub mod slot;
 mod unconfirmed;
 
 use crate::batch::Limits;
-use crate::config::RelayConfig;
 use crate::database::connect_postgres as connect;
 use crate::error::SourceError;
 use crate::metrics;
+use crate::outlet::Outlet;
 use crate::redact::redact_url;
-use crate::routing::Router;
 use crate::row::OutboxRow;
-use crate::sink::{Sink, SinkError};
+use crate::sink::SinkError;
 use connection::replication_config;
 use parked::{Aggregate, Parked};
 use pgoutput::{Change, Decoder};
@@ -52,13 +51,6 @@ const MAX_UNCONFIRMED: usize = 10_000;
 
 /// How often a standby relay checks whether the slot's reader is gone.
 pub const STANDBY_POLL: Duration = Duration::from_secs(1);
-
-/// What the WAL source publishes with: the relay's settings, routing and sink.
-pub(crate) struct Outlet<'a> {
-    pub config: &'a RelayConfig,
-    pub router: &'a Router,
-    pub sink: &'a dyn Sink,
-}
 
 /// Prepares the source (publication and slot), or says why it cannot run.
 pub(crate) async fn check(url: &str, source: &WalSource) -> Result<(), SourceError> {

@@ -1,0 +1,224 @@
+//! A batch in flight: handed to the sink in `seq` order as the ordering rules allow, its answers
+//! read as they come (a message without one by its deadline failed: `ack_timeout`), and each row's
+//! verdict recorded in the batch's outcome: published, parked, or retried after a backoff.
+
+use crate::batch::Outcome;
+use crate::metrics;
+use crate::ordering::{Admission, Verdict, Waiting};
+use crate::outlet::Outlet;
+use crate::row::OutboxRow;
+use crate::sink::{Ack, SinkError};
+use futures::FutureExt;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Hands the claimed rows to the sink in `seq` order, as the ordering rules allow
+/// (`ordering.rs`): rows that cannot become a message are parked, rows of a held aggregate
+/// are left untouched. Returns the batch in flight, or `None` when nothing was claimed.
+pub(crate) async fn send(
+    outlet: &Outlet<'_>,
+    rows: Vec<OutboxRow>,
+    full: bool,
+    waiting: Waiting,
+    started: std::time::Instant,
+) -> Option<InFlight> {
+    if rows.is_empty() {
+        return None;
+    }
+    let mut batch = InFlight {
+        claimed: rows.len(),
+        full,
+        started,
+        sent: Vec::with_capacity(rows.len()),
+        outcome: Outcome::default(),
+        settled_seqs: Vec::with_capacity(rows.len()),
+        refused: None,
+        admission: Admission::new(waiting),
+    };
+    for row in rows {
+        if batch.refused.is_some() || !batch.admission.admit(&row) {
+            continue;
+        }
+        let message = match outlet.router.message(&row) {
+            Ok(message) => message,
+            Err(reason) => {
+                tracing::error!(event_id = %row.id, seq = row.seq, %reason, "event parked");
+                batch.admission.refused(&row);
+                batch.settled_seqs.push(row.seq);
+                batch.outcome.parked.push((row.key(), reason));
+                continue;
+            }
+        };
+        match outlet.sink.enqueue(&message).await {
+            Ok(ack) => {
+                batch.admission.sent(&row);
+                batch.settled_seqs.push(row.seq);
+                batch.sent.push(Sent {
+                    row,
+                    topic: message.topic,
+                    ack,
+                    answer_by: Instant::now() + outlet.config.ack_timeout,
+                    answer: None,
+                });
+            }
+            // The broker refuses the relay itself: nothing more is sent.
+            Err(e) if e.is_unavailable() => batch.refused = Some(e.message),
+            Err(e) => {
+                batch.admission.refused(&row);
+                batch.settled_seqs.push(row.seq);
+                let verdict = if e.is_permanent() {
+                    Verdict::Park(e.message)
+                } else {
+                    Verdict::Retry(e.message)
+                };
+                record(outlet, &row, &message.topic, verdict, &mut batch.outcome);
+            }
+        }
+    }
+    Some(batch)
+}
+
+/// Awaits the broker's answers for a batch in flight, and sorts them into its outcome.
+pub(crate) async fn answers(outlet: &Outlet<'_>, mut batch: InFlight) -> Answered {
+    batch.read_answers(outlet.config.ack_timeout).await;
+    let InFlight {
+        claimed,
+        full,
+        started,
+        sent,
+        mut outcome,
+        mut refused,
+        admission,
+        ..
+    } = batch;
+    let mut verdicts = admission.into_verdicts();
+    for Sent {
+        row, topic, answer, ..
+    } in sent
+    {
+        let answer = answer.expect("every answer was read");
+        if let Err(e) = &answer
+            && e.is_unavailable()
+        {
+            refused.get_or_insert_with(|| e.message.clone());
+        }
+        let verdict = verdicts.verdict(&row, answer);
+        record(outlet, &row, &topic, verdict, &mut outcome);
+    }
+    Answered {
+        claimed,
+        full,
+        started,
+        outcome,
+        refused,
+        waiting: verdicts.waiting(),
+    }
+}
+
+/// Adds `row`'s verdict to the outcome: acked rows are published, permanent failures parked,
+/// transient ones retried after a backoff that grows with the row's attempts.
+fn record(
+    outlet: &Outlet<'_>,
+    row: &OutboxRow,
+    topic: &str,
+    verdict: Verdict,
+    outcome: &mut Outcome,
+) {
+    match verdict {
+        Verdict::Published => {
+            metrics::published(topic, row.created_ms);
+            outcome.published.push(row.key());
+        }
+        Verdict::Park(reason) => {
+            tracing::error!(event_id = %row.id, %topic, error = %reason, "event parked");
+            outcome.parked.push((row.key(), reason));
+        }
+        Verdict::Retry(error) => {
+            let attempt = usize::try_from(row.attempts).unwrap_or(0);
+            let retry_in = outlet
+                .config
+                .backoff()
+                .nth(attempt)
+                .unwrap_or(outlet.config.max_backoff);
+            outcome.failed.push((row.key(), error, retry_in));
+        }
+        Verdict::Untouched => {}
+    }
+}
+
+/// A batch handed to the sink, its answers still to come.
+pub(crate) struct InFlight {
+    claimed: usize,
+    /// Whether its claim stopped at a limit with more rows waiting.
+    pub full: bool,
+    started: std::time::Instant,
+    /// The rows sent, in the order they were sent, each with its ack.
+    sent: Vec<Sent>,
+    /// What was decided before sending: rows parked, or refused at enqueue.
+    outcome: Outcome,
+    /// Every row this batch will settle (sent, parked or refused): the next claim skips them.
+    pub settled_seqs: Vec<i64>,
+    /// Why the broker refuses the relay, if it did at enqueue.
+    refused: Option<String>,
+    /// Which rows were sent: what the answers are read against.
+    admission: Admission,
+}
+
+impl InFlight {
+    /// Reads the broker's answers as they come, keeping each one; a message without an answer
+    /// by its deadline failed (`ack_timeout`). Cancel-safe: a later call goes on where this one
+    /// stopped.
+    pub async fn read_answers(&mut self, ack_timeout: Duration) {
+        for sent in &mut self.sent {
+            if sent.answer.is_none() {
+                let answer = tokio::time::timeout_at(sent.answer_by, &mut sent.ack).await;
+                sent.answer = Some(answer.unwrap_or_else(|_| {
+                    Err(SinkError::new(format!(
+                        "no answer from the sink within {ack_timeout:?} (ack_timeout)"
+                    )))
+                }));
+            }
+        }
+    }
+
+    /// Whether every answer is in, reading those that came without waiting for the others.
+    pub fn answered(&mut self, ack_timeout: Duration) -> bool {
+        self.read_answers(ack_timeout).now_or_never().is_some()
+    }
+
+    /// The aggregates a batch sent before this one is answered must hold (ordering rule 4).
+    pub fn unanswered(&self) -> Waiting {
+        self.admission
+            .unanswered(self.sent.iter().map(|sent| &sent.row))
+    }
+}
+
+/// One sent row and the future of the broker's answer.
+struct Sent {
+    row: OutboxRow,
+    topic: String,
+    ack: Ack,
+    /// Without an answer by then, the message failed (`ack_timeout`).
+    answer_by: Instant,
+    /// The answer, once read.
+    answer: Option<Result<(), SinkError>>,
+}
+
+/// The batch that was in flight when the next one was claimed.
+pub(crate) enum Before {
+    /// Its answers were read before the next batch was sent.
+    Answered(Answered),
+    /// Still waiting for answers when the next batch was sent, holding its aggregates.
+    Unanswered(InFlight),
+}
+
+/// A batch whose answers are all in.
+pub(crate) struct Answered {
+    pub claimed: usize,
+    pub full: bool,
+    pub started: std::time::Instant,
+    pub outcome: Outcome,
+    pub refused: Option<String>,
+    /// The aggregates the next batch must hold.
+    pub waiting: Waiting,
+}
