@@ -424,7 +424,11 @@ async fn retrying_one_of_an_aggregates_parked_events_keeps_it_behind_the_earlier
     let retried = failed(&w, &["retry", "--id", &id_of(0).await]);
     assert!(retried.contains("1 events will be retried"), "{retried}");
     let received = consume(&[&topic], 5, Duration::from_secs(60)).await;
-    assert_eq!(readings_of(&received, "m-x"), [1, 3, 0, 2, 4], "m-x's deliveries");
+    assert_eq!(
+        readings_of(&received, "m-x"),
+        [1, 3, 0, 2, 4],
+        "m-x's deliveries"
+    );
     assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
 }
