@@ -53,7 +53,7 @@ mod event;
 pub mod inbox;
 #[cfg(feature = "migration")]
 pub mod migration;
-#[cfg(feature = "pulsar")]
+#[cfg(feature = "pulsar-client")]
 pub mod pulsar_client;
 mod record;
 mod registry;

@@ -1,5 +1,5 @@
 //! How a Pulsar client reaches its cluster: service URL, authentication and TLS. One type for the
-//! relay's Pulsar sink and for [`PulsarConsumer`](crate::consumer::pulsar::PulsarConsumer).
+//! relay's Pulsar sink and for the Pulsar consumer loop (`consumer::pulsar::PulsarConsumer`).
 
 use crate::Secret;
 use pulsar::{ConnectionRetryOptions, Pulsar, TokioExecutor};

@@ -54,7 +54,7 @@ mod row;
 pub mod sink;
 mod source;
 mod status;
-pub mod tasks;
+mod tasks;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -64,7 +64,7 @@ pub use error::SourceError;
 pub use redact::{is_secret_key, redact_url};
 pub use relay::{READY_TIMEOUT, Relay};
 pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};
-pub use source::table::prune::{PRUNE_BATCH, prune};
+pub use source::table::prune::prune;
 pub use source::table::wakeup;
 pub use source::table::{PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
 pub use source::wal;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Rows deleted per statement.
-pub const PRUNE_BATCH: i64 = 1000;
+const PRUNE_BATCH: i64 = 1000;
 
 /// Deletes published rows older than `retention`, batch after batch, until none is left; returns
 /// how many it deleted.

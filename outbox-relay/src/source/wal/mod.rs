@@ -42,9 +42,6 @@ pub use crate::config::WalSource;
 pub(crate) use parked::RELEASE_PREFIX;
 pub use slot::{Refused, SlotStatus};
 
-/// The logical-message prefix of table-less events (`pg_logical_emit_message(true, 'outbox', …)`).
-pub const MESSAGE_PREFIX: &str = seaorm_outbox::LOGICAL_MESSAGE_PREFIX;
-
 /// How many events may wait for the broker's answer (or behind an unanswered one of their
 /// aggregate) at once; the stream pauses beyond it.
 const MAX_UNCONFIRMED: usize = 10_000;
@@ -205,7 +202,7 @@ async fn stream(
                         }
                         Change::Other => Vec::new(),
                     },
-                    ReplicationEvent::Message { prefix, content, lsn, .. } if prefix == MESSAGE_PREFIX => {
+                    ReplicationEvent::Message { prefix, content, lsn, .. } if prefix == seaorm_outbox::LOGICAL_MESSAGE_PREFIX => {
                         event::from_message(&content, lsn, commit_ms, outlet.config.max_payload_bytes)
                     }
                     ReplicationEvent::Message { prefix, content, .. } if prefix == RELEASE_PREFIX => {
