@@ -45,7 +45,7 @@ pub enum Error {
     /// An event's payload is larger than [`max_payload_bytes`](crate::max_payload_bytes) once
     /// serialized: the broker would refuse it. Nothing was written.
     #[error(
-        "event `{event_type}` is {bytes} bytes of JSON, over the limit of {limit} (seaorm_outbox::set_max_payload_bytes)"
+        "event `{event_type}` is {bytes} bytes of JSON, over the limit of {limit} (Outbox::with_max_payload_bytes, or seaorm_outbox::set_max_payload_bytes for the process)"
     )]
     PayloadTooLarge {
         /// The event type.

@@ -82,7 +82,7 @@ pub trait OutboxEvent: crate::__private::SerializeEvent {
         async move {
             let event = event?;
             let id = event.id;
-            record::insert(txn, vec![event]).await?;
+            record::insert(txn, vec![event], crate::Outbox::default()).await?;
             Ok(id)
         }
     }
@@ -158,7 +158,7 @@ impl NewEvent {
     /// Inserts this event into the outbox inside `txn`; see [`OutboxEvent::record`].
     pub async fn record(self, txn: &DatabaseTransaction) -> Result<Uuid> {
         let id = self.id;
-        record::insert(txn, vec![self]).await?;
+        record::insert(txn, vec![self], crate::Outbox::default()).await?;
         Ok(id)
     }
 }

@@ -53,6 +53,7 @@ mod event;
 pub mod inbox;
 #[cfg(feature = "migration")]
 pub mod migration;
+mod outbox;
 #[cfg(feature = "pulsar-client")]
 pub mod pulsar_client;
 mod record;
@@ -65,6 +66,10 @@ pub mod testing;
 pub use envelope::{Envelope, EnvelopeError};
 pub use error::{Error, Result};
 pub use event::{NewEvent, OutboxEvent};
+pub use outbox::{
+    DEFAULT_MAX_PAYLOAD_BYTES, LOGICAL_MESSAGE_PREFIX, Outbox, Recording, max_payload_bytes,
+    recording, set_max_payload_bytes, set_recording,
+};
 pub use record::{record_all, record_new_events};
 pub use registry::{EventRegistration, check_registrations, registrations};
 pub use secret::Secret;
@@ -73,80 +78,6 @@ pub use secret::Secret;
 /// deduplication key), `event_type`, `aggregate_type` and `event_version`. An application cannot
 /// set them: recording an event with one fails, and the relay parks a row that carries one.
 pub const RESERVED_HEADERS: [&str; 4] = ["id", "event_type", "aggregate_type", "event_version"];
-
-/// The default of [`max_payload_bytes`]: 1,000,000 bytes of JSON, so that an event with its key and
-/// headers fits in Kafka's default `message.max.bytes` (1,048,588) and Pulsar's default 5 MB.
-pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1_000_000;
-
-static MAX_PAYLOAD_BYTES: std::sync::atomic::AtomicUsize =
-    std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_PAYLOAD_BYTES);
-
-/// The largest payload `record` accepts, in bytes of JSON: a larger event fails with
-/// [`Error::PayloadTooLarge`] and nothing is written, instead of a row the broker would refuse.
-/// Default [`DEFAULT_MAX_PAYLOAD_BYTES`].
-pub fn max_payload_bytes() -> usize {
-    MAX_PAYLOAD_BYTES.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Sets [`max_payload_bytes`] for this process. Raise it together with the broker's limit
-/// (`message.max.bytes` on Kafka) and the relay's `max_payload_bytes`.
-///
-/// ```
-/// seaorm_outbox::set_max_payload_bytes(4 << 20);
-/// assert_eq!(seaorm_outbox::max_payload_bytes(), 4 << 20);
-/// # seaorm_outbox::set_max_payload_bytes(seaorm_outbox::DEFAULT_MAX_PAYLOAD_BYTES);
-/// ```
-pub fn set_max_payload_bytes(limit: usize) {
-    MAX_PAYLOAD_BYTES.store(limit, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Where `record` writes events. The application chooses once, at start, with [`set_recording`];
-/// every `record`, `record_all` and `record_new_events` call follows it, so code that records
-/// events does not change.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Recording {
-    /// One row per event in the `outbox` table (PostgreSQL and SQLite). Any relay source reads it.
-    #[default]
-    Table,
-    /// No row at all: each call writes one transactional logical message into PostgreSQL's WAL
-    /// (`pg_logical_emit_message(true, 'outbox', …)`) carrying everything the rows would. It is
-    /// decoded at commit, in commit order, and never if the transaction rolls back. Only the WAL
-    /// relay (`outbox-relay run --source wal`) sees these events, and only if its replication
-    /// slot exists before they are recorded: create it first (start the relay once). PostgreSQL
-    /// with `wal_level = logical` only.
-    LogicalMessage,
-}
-
-/// The logical-message prefix of events recorded with [`Recording::LogicalMessage`].
-pub const LOGICAL_MESSAGE_PREFIX: &str = "outbox";
-
-static RECORDING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Where `record` writes events in this process; default [`Recording::Table`].
-pub fn recording() -> Recording {
-    match RECORDING.load(std::sync::atomic::Ordering::Relaxed) {
-        1 => Recording::LogicalMessage,
-        _ => Recording::Table,
-    }
-}
-
-/// Sets [`recording`] for this process. Call it at start, before the first event is recorded.
-///
-/// ```
-/// use seaorm_outbox::Recording;
-///
-/// seaorm_outbox::set_recording(Recording::LogicalMessage);
-/// assert_eq!(seaorm_outbox::recording(), Recording::LogicalMessage);
-/// # seaorm_outbox::set_recording(Recording::Table);
-/// ```
-pub fn set_recording(recording: Recording) {
-    let value = match recording {
-        Recording::Table => 0,
-        Recording::LogicalMessage => 1,
-    };
-    RECORDING.store(value, std::sync::atomic::Ordering::Relaxed);
-}
 
 /// The derive macro; see [`OutboxEvent`](trait@OutboxEvent).
 #[cfg(feature = "derive")]

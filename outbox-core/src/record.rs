@@ -4,7 +4,7 @@
 //! All events travel as one JSON array parameter, so every call uses the same prepared statement
 //! and no call runs into a bind-parameter limit.
 
-use crate::{Error, NewEvent, OutboxEvent, Result};
+use crate::{Error, NewEvent, Outbox, OutboxEvent, Result};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement};
 
 use std::future::Future;
@@ -32,7 +32,7 @@ pub fn record_all<'t, E: OutboxEvent>(
 ) -> impl Future<Output = Result<Vec<Uuid>>> + Send + 't {
     // Serialize now, so the future borrows nothing but the transaction.
     let events: Result<Vec<NewEvent>> = events.iter().map(NewEvent::from_event).collect();
-    async move { insert(txn, events?).await }
+    async move { insert(txn, events?, Outbox::default()).await }
 }
 
 /// Inserts events of any types, built with [`NewEvent::from_event`], with one statement, in order.
@@ -57,22 +57,27 @@ pub async fn record_new_events(
     txn: &DatabaseTransaction,
     events: Vec<NewEvent>,
 ) -> Result<Vec<Uuid>> {
-    insert(txn, events).await
+    insert(txn, events, Outbox::default()).await
 }
 
-pub(crate) async fn insert(txn: &DatabaseTransaction, events: Vec<NewEvent>) -> Result<Vec<Uuid>> {
+/// Writes `events` as `outbox` says: rows or one logical message, each payload within its limit.
+pub(crate) async fn insert(
+    txn: &DatabaseTransaction,
+    events: Vec<NewEvent>,
+    outbox: Outbox,
+) -> Result<Vec<Uuid>> {
     if events.is_empty() {
         return Ok(Vec::new());
     }
     let backend = txn.get_database_backend();
-    let sql = match (backend, crate::recording()) {
+    let sql = match (backend, outbox.recording) {
         (DbBackend::Postgres, crate::Recording::Table) => POSTGRES_INSERT,
         (DbBackend::Postgres, crate::Recording::LogicalMessage) => POSTGRES_EMIT,
         (DbBackend::Sqlite, crate::Recording::Table) => SQLITE_INSERT,
         (DbBackend::Sqlite, _) => return Err(Error::LogicalMessageUnsupported(backend)),
         (other, _) => return Err(Error::UnsupportedBackend(other)),
     };
-    let limit = crate::max_payload_bytes();
+    let limit = outbox.max_payload_bytes;
     let mut param = Vec::with_capacity(256 * events.len());
     param.push(b'[');
     for (n, event) in events.iter().enumerate() {

@@ -137,6 +137,7 @@ on_every_backend!(
     mixed_events_and_headers,
     reserved_headers_are_refused_and_nothing_is_written,
     oversize_payloads_are_refused_and_nothing_is_written,
+    an_outbox_value_sets_its_own_payload_limit,
 );
 
 async fn commit_keeps_state_and_event(db: DatabaseConnection) {
@@ -356,6 +357,94 @@ async fn oversize_payloads_are_refused_and_nothing_is_written(db: DatabaseConnec
     largest.record(&txn).await.unwrap();
     txn.commit().await.unwrap();
     assert_eq!(rows(&db).await.len(), 1);
+}
+
+/// An `Outbox` value's limit applies to the calls made through it, and only to them: the process's
+/// default still governs `event.record(&txn)`.
+async fn an_outbox_value_sets_its_own_payload_limit(db: DatabaseConnection) {
+    let small = seaorm_outbox::Outbox::default().with_max_payload_bytes(64);
+    let mut event = order_created();
+    event.customer = "x".repeat(100);
+    let txn = db.begin().await.unwrap();
+    for error in [
+        small.record(&txn, &event).await.unwrap_err(),
+        small
+            .record_all(&txn, std::slice::from_ref(&event))
+            .await
+            .unwrap_err(),
+        small
+            .record_new_events(&txn, vec![NewEvent::from_event(&event).unwrap()])
+            .await
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(error, Error::PayloadTooLarge { limit: 64, .. }),
+            "{error}"
+        );
+    }
+    event.record(&txn).await.unwrap();
+    let roomy = seaorm_outbox::Outbox::default().with_max_payload_bytes(4096);
+    roomy.record(&txn, &event).await.unwrap();
+    txn.commit().await.unwrap();
+    assert_eq!(rows(&db).await.len(), 2);
+    assert_eq!(
+        seaorm_outbox::max_payload_bytes(),
+        seaorm_outbox::DEFAULT_MAX_PAYLOAD_BYTES,
+        "an Outbox value never changes the process's default"
+    );
+}
+
+/// One process records through two `Outbox` values: rows through the default one, logical
+/// messages (read back through a `test_decoding` slot) through another.
+#[tokio::test]
+async fn outbox_values_record_rows_and_logical_messages_side_by_side() {
+    use seaorm_outbox::{Outbox, Recording};
+    let db = database(Backend::Postgres).await;
+    let slot = format!("s_{}", Uuid::now_v7().simple());
+    db.execute_unprepared(&format!(
+        "SELECT pg_create_logical_replication_slot('{slot}', 'test_decoding')"
+    ))
+    .await
+    .unwrap();
+    let txn = db.begin().await.unwrap();
+    let in_a_row = order_created();
+    Outbox::default().record(&txn, &in_a_row).await.unwrap();
+    let as_message = order_created();
+    Outbox::default()
+        .with_recording(Recording::LogicalMessage)
+        .record(&txn, &as_message)
+        .await
+        .unwrap();
+    txn.commit().await.unwrap();
+
+    let table = rows(&db).await;
+    assert_eq!(table.len(), 1, "one row");
+    let messages = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            format!(
+                "SELECT data FROM pg_logical_slot_get_changes('{slot}', NULL, NULL) \
+                 WHERE data LIKE 'message:%'"
+            ),
+        ))
+        .await
+        .unwrap();
+    db.execute_unprepared(&format!("SELECT pg_drop_replication_slot('{slot}')"))
+        .await
+        .unwrap();
+    let texts: Vec<String> = messages
+        .iter()
+        .map(|m| m.try_get_by_index::<String>(0).unwrap())
+        .collect();
+    assert_eq!(texts.len(), 1, "one logical message: {texts:?}");
+    assert!(
+        texts[0].contains("prefix: outbox") && texts[0].contains(&as_message.order_id.to_string()),
+        "{texts:?}"
+    );
+    assert!(
+        !texts[0].contains(&in_a_row.order_id.to_string()),
+        "the row's event is not in the message"
+    );
 }
 
 #[test]
