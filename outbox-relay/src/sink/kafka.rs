@@ -135,6 +135,8 @@ struct Shared {
     refused: watch::Sender<Option<String>>,
     /// The producer looks stuck: replace it before the next message, once it holds none.
     replace_wanted: AtomicBool,
+    /// Whether the broker tells each written message's offset (`acks` is not 0).
+    offsets_reported: bool,
 }
 
 /// Rounds of failures, with nothing delivered in between, before the producer is replaced.
@@ -226,6 +228,7 @@ impl KafkaSink {
         let secrets: Vec<String> = config.secret_values().map(str::to_owned).collect();
         let refused = watch::Sender::new(None);
         let producer = create(&client, &secrets, &refused)?;
+        let offsets_reported = client.get("acks").is_none_or(|acks| acks.trim() != "0");
         Ok(KafkaSink {
             shared: Arc::new(Shared {
                 client,
@@ -236,6 +239,7 @@ impl KafkaSink {
                 round_heard_at: AtomicU64::new(0),
                 refused,
                 replace_wanted: AtomicBool::new(false),
+                offsets_reported,
             }),
         })
     }
@@ -350,8 +354,7 @@ impl Shared {
         delivered: Result<OwnedDeliveryResult, futures::channel::oneshot::Canceled>,
     ) -> Result<(), SinkError> {
         let result = match delivered {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err((e, _))) => Err(classify(&e)),
+            Ok(delivered) => delivery(delivered, self.offsets_reported),
             Err(_) => Err(SinkError::new("kafka producer dropped the message")),
         };
         self.heard(producer, enqueued, &result);
@@ -466,6 +469,28 @@ fn create(
     })
 }
 
+/// What a delivery report means for the relay. Unless `acks` is 0, the broker tells the offset
+/// of each message it wrote. librdkafka also reports messages as delivered without one: those it
+/// took as written because a later batch of their partition was ("implicitly acked by subsequent
+/// batch success"), and a batch the broker called a duplicate of an earlier send. Neither is proof:
+/// on a partition that just got its leader, the broker refused a producer's first two batches
+/// (`Not leader for partition`) and accepted its third, pipelined behind them, as the first of
+/// that producer; librdkafka then reported the refused messages delivered, and they were never
+/// written (seen in `tests/wal.rs`, the broker-timeout test, 2 events of 5,600 lost, librdkafka
+/// 2.12.1 against Kafka 4). So a delivery without an offset is a failure, and the relay sends the
+/// message again: a duplicate at worst, never a loss.
+fn delivery(delivered: OwnedDeliveryResult, offsets_reported: bool) -> Result<(), SinkError> {
+    match delivered {
+        Ok(delivery) if offsets_reported && delivery.offset < 0 => Err(SinkError::new(format!(
+            "delivered without an offset (partition {}): the broker never confirmed writing it; \
+             sending it again",
+            delivery.partition
+        ))),
+        Ok(_) => Ok(()),
+        Err((e, _)) => Err(classify(&e)),
+    }
+}
+
 /// Errors no retry can fix: the message, its topic or the relay's rights must change first.
 fn classify(error: &KafkaError) -> SinkError {
     use RDKafkaErrorCode as Code;
@@ -489,5 +514,36 @@ fn classify(error: &KafkaError) -> SinkError {
         SinkError::permanent(message)
     } else {
         SinkError::new(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::Timestamp;
+    use rdkafka::producer::future_producer::Delivery;
+
+    fn delivered(offset: i64) -> OwnedDeliveryResult {
+        Ok(Delivery {
+            partition: 1,
+            offset,
+            timestamp: Timestamp::NotAvailable,
+        })
+    }
+
+    #[test]
+    fn a_delivery_without_an_offset_is_sent_again_unless_acks_is_0() {
+        assert!(delivery(delivered(42), true).is_ok());
+        let unconfirmed = delivery(delivered(-1), true).unwrap_err();
+        assert!(!unconfirmed.is_permanent());
+        assert!(
+            unconfirmed.message.contains("without an offset"),
+            "{}",
+            unconfirmed.message
+        );
+        // librdkafka's "invalid offset", which messages it acked implicitly keep.
+        assert!(delivery(delivered(-1001), true).is_err());
+        // With acks=0 the broker never tells offsets: every delivery is one without.
+        assert!(delivery(delivered(-1), false).is_ok());
     }
 }
