@@ -699,17 +699,7 @@ async fn the_broker_stops_for_30_seconds_and_the_relay_is_killed_meanwhile_and_n
         open, 0,
         "a relay transaction stayed open while the broker was away"
     );
-    let total = writer.finish().await;
-    w.wait_until_confirmed(Duration::from_secs(120)).await;
-    assert_eq!(common::terminate(&mut relay), Some(0));
-    let received = consume(
-        &[&w.f.topic("meter")],
-        total as usize,
-        Duration::from_secs(120),
-    )
-    .await;
-    assert_complete_and_ordered(&received, total, 20);
-    w.drop_slot().await;
+    w.finish(writer, &mut relay, 20).await;
 }
 
 /// librdkafka times out what it holds while the broker is away longer than `message.timeout.ms`,
@@ -732,21 +722,11 @@ async fn postgres_restarts_and_the_stream_resumes() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     services("restart-postgres");
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let total = writer.finish().await;
-    w.wait_until_confirmed(Duration::from_secs(120)).await;
     assert!(
         relay.try_wait().unwrap().is_none(),
         "the relay exited when PostgreSQL restarted"
     );
-    assert_eq!(common::terminate(&mut relay), Some(0));
-    let received = consume(
-        &[&w.f.topic("meter")],
-        total as usize,
-        Duration::from_secs(120),
-    )
-    .await;
-    assert_complete_and_ordered(&received, total, 20);
-    w.drop_slot().await;
+    w.finish(writer, &mut relay, 20).await;
 }
 
 /// Two relays on one slot: one reads, the other waits; killed, the reader's slot passes to the
@@ -786,15 +766,5 @@ async fn a_standby_takes_over_when_the_reader_dies() {
         killed.elapsed()
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let total = writer.finish().await;
-    w.wait_until_confirmed(Duration::from_secs(60)).await;
-    assert_eq!(common::terminate(&mut standby), Some(0));
-    let received = consume(
-        &[&w.f.topic("meter")],
-        total as usize,
-        Duration::from_secs(120),
-    )
-    .await;
-    assert_complete_and_ordered(&received, total, 20);
-    w.drop_slot().await;
+    w.finish(writer, &mut standby, 20).await;
 }

@@ -85,6 +85,26 @@ impl WalFixture {
         self.f.wait_until_zero(&sql, timeout).await;
     }
 
+    /// The end of every fault test: stops `writer`, waits until the slot confirmed everything,
+    /// stops `relay` (exit code 0), checks that a consumer got every reading of the `meters`
+    /// meters with each meter's first deliveries in order, and drops the slot. Returns how many
+    /// deliveries were duplicates.
+    pub async fn finish(&self, writer: Writer, relay: &mut KillOnDrop, meters: u64) -> usize {
+        let total = writer.finish().await;
+        self.wait_until_confirmed(Duration::from_secs(180)).await;
+        assert_eq!(terminate(relay), Some(0), "the relay exits 0 on SIGTERM");
+        let received = consume(
+            &[&self.f.topic("meter")],
+            total as usize,
+            Duration::from_secs(120),
+        )
+        .await;
+        let duplicates = assert_complete_and_ordered(&received, total, meters);
+        eprintln!("{total} readings, {duplicates} duplicates");
+        self.drop_slot().await;
+        duplicates
+    }
+
     /// Drops the slot and publication once no relay reads them (the test's relays are stopped).
     pub async fn drop_slot(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -127,16 +147,5 @@ pub async fn the_broker_away_past_the_producers_timeout<E>(
         "the relay exited while the broker was away"
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let total = writer.finish().await;
-    w.wait_until_confirmed(Duration::from_secs(180)).await;
-    assert_eq!(terminate(&mut relay), Some(0));
-    let received = consume(
-        &[&w.f.topic("meter")],
-        total as usize,
-        Duration::from_secs(120),
-    )
-    .await;
-    let duplicates = assert_complete_and_ordered(&received, total, 20);
-    eprintln!("{total} readings, {duplicates} duplicates");
-    w.drop_slot().await;
+    w.finish(writer, &mut relay, 20).await;
 }
