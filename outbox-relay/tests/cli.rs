@@ -230,6 +230,31 @@ fn help_and_version_exit_0() {
     assert!(run(&["--version"]).status.success());
 }
 
+/// `run --help` shows the defaults the relay really uses: they are read from `RelayConfig::new`
+/// and the other places the relay takes them from, never written by hand beside a flag.
+#[test]
+fn run_help_shows_the_relays_own_defaults() {
+    let help = run(&["run", "--help"]);
+    assert!(help.status.success());
+    let help = String::from_utf8(help.stdout).unwrap();
+    let config = seaorm_outbox_relay::RelayConfig::new("");
+    for expected in [
+        format!("Rows per batch [default: {}]", config.batch_size),
+        format!("[default: {}]", config.max_batch_bytes),
+        format!("[default: {}]", config.topic_template),
+        "[default: 100ms]".to_owned(),
+        "[default: mark]".to_owned(),
+        "[default: 7days]".to_owned(),
+        "[default: 127.0.0.1:9187]".to_owned(),
+        "[default: outbox_relay]".to_owned(),
+    ] {
+        assert!(
+            help.contains(&expected),
+            "run --help lacks {expected}:\n{help}"
+        );
+    }
+}
+
 #[test]
 fn the_generic_binary_knows_no_event_types() {
     let output = run(&["routes"]);

@@ -21,7 +21,7 @@ mod status;
 mod wal;
 
 use args::{Cli, Command};
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use std::process::ExitCode;
 
 /// A problem with the user's input: reported in one line, exit code 2.
@@ -37,7 +37,11 @@ pub(crate) struct UsageError(pub String);
 /// }
 /// ```
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let command = settings::with_defaults(Cli::command());
+    let cli = match command
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+    {
         Ok(cli) => cli,
         Err(e) => {
             // --help and --version print to stdout and succeed; usage errors keep clap's tips.

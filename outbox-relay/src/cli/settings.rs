@@ -76,61 +76,107 @@ pub(super) struct Settings {
     /// A file holding the database URL, such as a mounted secret.
     #[arg(long, env = "DATABASE_URL_FILE", help_heading = "Database")]
     pub database_url_file: Option<PathBuf>,
-    /// Rows per batch [default: 500].
+    /// Rows per batch.
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub batch_size: Option<usize>,
-    /// Payload and header bytes per batch, bounding the relay's memory [default: 16777216].
+    /// Payload and header bytes per batch, bounding the relay's memory.
     #[arg(long, env = "OUTBOX_MAX_BATCH_BYTES")]
     pub max_batch_bytes: Option<usize>,
-    /// The largest payload published; larger rows are parked [default: 1000000].
+    /// The largest payload published; larger rows are parked.
     #[arg(long, env = "OUTBOX_MAX_PAYLOAD_BYTES")]
     pub max_payload_bytes: Option<usize>,
-    /// Longest idle wait between polls (adaptive: 1ms after work, doubling while idle) [default: 100ms].
+    /// Longest idle wait between polls (adaptive: 1ms after work, doubling while idle).
     #[arg(long)]
     pub poll_interval: Option<Wait>,
-    /// Mark published rows, or delete them [default: mark].
+    /// Mark published rows, or delete them.
     #[arg(long, value_enum)]
     pub mode: Option<Mode>,
-    /// Topic of events with no topic of their own [default: outbox.event.{aggregate_type}].
+    /// Topic of events with no topic of their own.
     #[arg(long)]
     pub topic_template: Option<String>,
     /// Park events whose type no event type in this binary registers.
     #[arg(long)]
     #[serde(default, skip_serializing_if = "is_false")]
     pub strict: bool,
-    /// Poll, or LISTEN/NOTIFY on PostgreSQL [default: poll].
+    /// Poll, or LISTEN/NOTIFY on PostgreSQL.
     #[arg(long, value_enum)]
     pub wakeup: Option<Wakeup>,
     /// Poll the outbox table, or read committed events from PostgreSQL's WAL (logical
-    /// replication, one reader per slot, others wait as standbys) [default: table].
+    /// replication, one reader per slot, others wait as standbys).
     #[arg(long, value_enum, env = "OUTBOX_SOURCE")]
     pub source: Option<SourceKind>,
-    /// The WAL source's replication slot, created if missing [default: outbox_relay].
+    /// The WAL source's replication slot, created if missing.
     #[arg(long, env = "OUTBOX_WAL_SLOT")]
     pub wal_slot: Option<String>,
-    /// The WAL source's publication of the outbox table, created if missing [default: outbox_relay].
+    /// The WAL source's publication of the outbox table, created if missing.
     #[arg(long, env = "OUTBOX_WAL_PUBLICATION")]
     pub wal_publication: Option<String>,
-    /// How often replicas rebalance their shards [default: 1s].
+    /// How often replicas rebalance their shards.
     #[arg(long)]
     pub lease_refresh: Option<Wait>,
-    /// Delete published events older than this, such as 7d; `off` keeps them [default: 7d].
+    /// Delete published events older than this, such as 7d; `off` keeps them.
     #[arg(long)]
     pub retention: Option<Retention>,
-    /// How often to prune [default: 1m].
+    /// How often to prune.
     #[arg(long)]
     pub prune_interval: Option<Wait>,
     /// Publish an aggregate's later events even while an earlier one is parked (breaks its order).
     #[arg(long)]
     #[serde(default, skip_serializing_if = "is_false")]
     pub skip_parked: bool,
-    /// Where to serve /metrics, /healthz and /readyz, or `off` [default: 127.0.0.1:9187].
+    /// Where to serve /metrics, /healthz and /readyz, or `off`.
     #[arg(long, env = "OUTBOX_HTTP_ADDR")]
     pub http_addr: Option<HttpAddr>,
     /// The sink: the `[sink]` table of the file.
     #[command(flatten)]
     #[serde(default, skip_serializing_if = "SinkSettings::is_empty")]
     pub sink: SinkSettings,
+}
+
+/// The defaults `run --help` shows, read from where the relay takes them ([`RelayConfig::new`],
+/// [`WalSource::default`](crate::wal::WalSource), the endpoints' address), so the help cannot
+/// drift from them. By argument id.
+pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
+    fn name(value: impl ValueEnum) -> String {
+        value
+            .to_possible_value()
+            .map(|v| v.get_name().to_owned())
+            .unwrap_or_default()
+    }
+    fn wait(d: Duration) -> String {
+        humantime::format_duration(d).to_string()
+    }
+    let config = RelayConfig::new("");
+    let wal = crate::source::wal::WalSource::default();
+    vec![
+        ("batch_size", config.batch_size.to_string()),
+        ("max_batch_bytes", config.max_batch_bytes.to_string()),
+        ("max_payload_bytes", config.max_payload_bytes.to_string()),
+        ("poll_interval", wait(config.poll_interval)),
+        ("mode", name(config.mode)),
+        ("topic_template", config.topic_template),
+        ("wakeup", name(config.wakeup)),
+        ("source", name(SourceKind::default())),
+        ("wal_slot", wal.slot),
+        ("wal_publication", wal.publication),
+        ("lease_refresh", wait(config.lease_refresh)),
+        ("retention", config.retention.map_or("off".into(), wait)),
+        ("prune_interval", wait(config.prune_interval)),
+        ("http_addr", DEFAULT_HTTP_ADDR.to_owned()),
+    ]
+}
+
+/// `command` with each `run` default of [`run_defaults`] at the end of its flag's help.
+pub(super) fn with_defaults(command: clap::Command) -> clap::Command {
+    command.mut_subcommand("run", |mut run| {
+        for (id, default) in run_defaults() {
+            run = run.mut_arg(id, |arg| {
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                arg.help(format!("{help} [default: {default}]"))
+            });
+        }
+        run
+    })
 }
 
 /// Where `run` reads events.
