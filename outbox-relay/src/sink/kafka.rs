@@ -523,18 +523,19 @@ mod tests {
     use rdkafka::Timestamp;
     use rdkafka::producer::future_producer::Delivery;
 
-    fn delivered(offset: i64) -> OwnedDeliveryResult {
-        Ok(Delivery {
+    /// A delivery report at `offset`.
+    fn delivered(offset: i64) -> Delivery {
+        Delivery {
             partition: 1,
             offset,
             timestamp: Timestamp::NotAvailable,
-        })
+        }
     }
 
     #[test]
     fn a_delivery_without_an_offset_is_sent_again_unless_acks_is_0() {
-        assert!(delivery(delivered(42), true).is_ok());
-        let unconfirmed = delivery(delivered(-1), true).unwrap_err();
+        assert!(delivery(Ok(delivered(42)), true).is_ok());
+        let unconfirmed = delivery(Ok(delivered(-1)), true).unwrap_err();
         assert!(!unconfirmed.is_permanent());
         assert!(
             unconfirmed.message.contains("without an offset"),
@@ -542,8 +543,8 @@ mod tests {
             unconfirmed.message
         );
         // librdkafka's "invalid offset", which messages it acked implicitly keep.
-        assert!(delivery(delivered(-1001), true).is_err());
+        assert!(delivery(Ok(delivered(-1001)), true).is_err());
         // With acks=0 the broker never tells offsets: every delivery is one without.
-        assert!(delivery(delivered(-1), false).is_ok());
+        assert!(delivery(Ok(delivered(-1)), false).is_ok());
     }
 }
