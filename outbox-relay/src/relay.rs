@@ -264,13 +264,16 @@ impl Relay {
         let mut in_flight: Option<InFlight> = None;
 
         loop {
-            // Stopping, rebalancing and backing off happen only with nothing in flight. Otherwise
-            // the batch in flight stays in flight while the next one is claimed, unless its
-            // answers come in while the loop waits for its next poll: then it is settled at once.
+            // Stopping, rebalancing, a quiet moment the sink asked for (to replace its producer)
+            // and backing off happen only with nothing in flight. Otherwise the batch in flight
+            // stays in flight while the next one is claimed, unless its answers come in while the
+            // loop waits for its next poll: then it is settled at once.
             let rebalance = source.rebalance_due();
+            let quiet = self.sink.wants_quiet();
             if let Some(batch) = in_flight.take_if(|batch| {
                 shutdown.is_cancelled()
                     || rebalance
+                    || quiet
                     || pace.backing_off()
                     || (!pace.go_on() && batch.answered(ack_timeout))
             }) {
@@ -284,6 +287,9 @@ impl Relay {
             }
             if rebalance {
                 source.rebalance().await?;
+            }
+            if quiet {
+                self.sink.quiet().await;
             }
             if let Some((until, interruptible)) = pace.wait() {
                 // The batch in flight is settled as soon as its answers are in (above).

@@ -373,7 +373,7 @@ async fn a_producer_that_delivers_nothing_is_replaced() {
     // It reads back from Kafka, which the other fault tests pause.
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
     use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink, STUCK_AFTER};
-    use seaorm_outbox_relay::sink::{Message, send_all};
+    use seaorm_outbox_relay::sink::{Message, Sink, send_all};
     // The sink's bootstrap address is a proxy that first swallows everything (a broker that
     // stopped answering), then forwards to the real Kafka.
     let proxy = Proxy::start(&common::kafka::brokers()).await;
@@ -389,11 +389,16 @@ async fn a_producer_that_delivers_nothing_is_replaced() {
     for _ in 1..=STUCK_AFTER {
         assert!(send_all(&sink, &batch).await[0].is_err());
     }
-    // Replaced before the next message, never while it may still deliver one.
+    // Replaced at the quiet moment it asks the relay for, never while a message is in flight.
     assert!(
         std::sync::Arc::ptr_eq(&first, &sink.producer()),
-        "replaced before its next message"
+        "replaced before its quiet moment"
     );
+    assert!(
+        sink.wants_quiet(),
+        "the stuck producer asks for a quiet moment"
+    );
+    sink.quiet().await;
 
     // The broker answers again: the new producer delivers.
     proxy.forward.store(true, Ordering::Relaxed);
@@ -409,13 +414,152 @@ async fn a_producer_that_delivers_nothing_is_replaced() {
         .expect("the new producer delivers once the broker answers");
     assert!(
         !std::sync::Arc::ptr_eq(&first, &sink.producer()),
-        "the stuck producer was replaced before the next message"
+        "the stuck producer was replaced at its quiet moment"
     );
     let received = consume(&[&batch[0].topic], 1, Duration::from_secs(60)).await;
     assert_eq!(
         received[0].header("id"),
         Some(batch[0].event_id.to_string().as_str())
     );
+}
+
+/// Two Kafka producers, as the Kafka sink holds them across a replacement: the old one, after
+/// its first `before` messages, answers nothing more (a stuck librdkafka producer, which no broker
+/// fault stages on demand) and asks for a quiet moment once it holds `held`; from the quiet moment
+/// on, the new one takes every message. What the old one held reaches the broker only at
+/// [`release`](Self::release), after the new one delivered everything.
+struct ReplacedProducer {
+    old: seaorm_outbox_relay::sink::kafka::KafkaSink,
+    new: seaorm_outbox_relay::sink::kafka::KafkaSink,
+    before: usize,
+    held: usize,
+    taken: std::sync::atomic::AtomicUsize,
+    replaced: AtomicBool,
+    holding: std::sync::Mutex<Vec<seaorm_outbox_relay::sink::Message>>,
+}
+
+impl ReplacedProducer {
+    /// Sends what the old producer held, late, and waits for the broker's answers.
+    async fn release(&self) -> usize {
+        use seaorm_outbox_relay::sink::Sink;
+        let held = std::mem::take(&mut *self.holding.lock().unwrap());
+        for message in &held {
+            let ack = self.old.enqueue(message).await.expect("enqueue");
+            ack.await.expect("the late delivery");
+        }
+        held.len()
+    }
+}
+
+impl seaorm_outbox_relay::sink::Sink for ReplacedProducer {
+    fn name(&self) -> &str {
+        "replaced-producer"
+    }
+
+    fn enqueue<'a>(
+        &'a self,
+        message: &'a seaorm_outbox_relay::sink::Message,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<seaorm_outbox_relay::sink::Ack, seaorm_outbox_relay::sink::SinkError>,
+    > {
+        if self.replaced.load(Ordering::Relaxed) {
+            return self.new.enqueue(message);
+        }
+        if self.taken.fetch_add(1, Ordering::Relaxed) < self.before {
+            return self.old.enqueue(message);
+        }
+        self.holding.lock().unwrap().push(message.clone());
+        let never: seaorm_outbox_relay::sink::Ack = Box::pin(std::future::pending());
+        Box::pin(async move { Ok(never) })
+    }
+
+    fn wants_quiet(&self) -> bool {
+        !self.replaced.load(Ordering::Relaxed) && self.holding.lock().unwrap().len() >= self.held
+    }
+
+    fn quiet(&self) -> futures::future::BoxFuture<'_, ()> {
+        self.replaced.store(true, Ordering::Relaxed);
+        Box::pin(async {})
+    }
+}
+
+/// A producer replaced while it holds unanswered messages: the replacement waits for a quiet
+/// moment, which the relay gives only once every answer it waited for is in (the held messages
+/// fail after `ack_timeout`) and settled, so they go out again, in order, through the new
+/// producer, and what the old one delivers late is a duplicate, never a reordering. (Replaced in
+/// the middle of a batch instead, the old producer held an aggregate's event while the new one
+/// delivered its later ones of the same batch: first deliveries out of order.)
+#[tokio::test]
+async fn a_producer_replaced_while_it_holds_unanswered_messages_keeps_each_aggregates_order() {
+    let _one = ONE_FAULT_AT_A_TIME.lock().await;
+    use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
+    let f = Fixture::new().await;
+    let config = KafkaConfig::new(common::kafka::brokers());
+    let sink = Arc::new(ReplacedProducer {
+        old: KafkaSink::new(&config).unwrap(),
+        new: KafkaSink::new(&config).unwrap(),
+        before: 100,
+        held: 40,
+        taken: Default::default(),
+        replaced: AtomicBool::new(false),
+        holding: Default::default(),
+    });
+    let mut relay_config = f.relay_config();
+    relay_config.ack_timeout = Duration::from_secs(2);
+    let relay = seaorm_outbox_relay::Relay::new(relay_config, SharedSink(sink.clone()));
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await }
+    });
+    let writer = Writer::start(&f, 20, Duration::from_millis(5), reading);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let total = writer.finish().await;
+    f.wait_until_drained(Duration::from_secs(60)).await;
+    shutdown.cancel();
+    running.await.unwrap();
+    let late = sink.release().await;
+    assert!(late >= 40, "the old producer held {late} messages");
+
+    let received = consume(
+        &[&f.topic("meter")],
+        total as usize + late,
+        Duration::from_secs(60),
+    )
+    .await;
+    let duplicates = assert_complete_and_ordered(&received, total, 20);
+    assert!(
+        duplicates >= late,
+        "the late deliveries arrived: {duplicates}"
+    );
+}
+
+/// An `Arc` of a sink, as a sink: the test keeps a handle to release what it held.
+struct SharedSink<S>(Arc<S>);
+
+impl<S: seaorm_outbox_relay::sink::Sink> seaorm_outbox_relay::sink::Sink for SharedSink<S> {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn enqueue<'a>(
+        &'a self,
+        message: &'a seaorm_outbox_relay::sink::Message,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<seaorm_outbox_relay::sink::Ack, seaorm_outbox_relay::sink::SinkError>,
+    > {
+        self.0.enqueue(message)
+    }
+
+    fn wants_quiet(&self) -> bool {
+        self.0.wants_quiet()
+    }
+
+    fn quiet(&self) -> futures::future::BoxFuture<'_, ()> {
+        self.0.quiet()
+    }
 }
 
 /// A TCP proxy on 127.0.0.1 that holds connections without answering until `forward` is set,

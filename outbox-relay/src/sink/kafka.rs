@@ -111,10 +111,12 @@ impl KafkaConfig {
 /// A producer can get stuck: after a broker stall, an idempotent librdkafka producer has been seen
 /// timing out every message while new producers on the same broker deliver at once, and a fatal
 /// idempotence error leaves it unusable for good. So after [`STUCK_AFTER`] rounds of failures with
-/// nothing delivered in between, or on a fatal error, the sink replaces its producer, before the
-/// next message and once the old one holds no unanswered message (two producers never deliver an
-/// aggregate's events side by side). A round is what was enqueued before a failure was heard of:
-/// a batch the broker times out is one round, however many messages it held.
+/// nothing delivered in between, or on a fatal error, the sink asks the relay for a quiet moment
+/// ([`Sink::wants_quiet`]) and replaces its producer then, with no message of the relay's in flight:
+/// a new producer never delivers a later message of a key while the old one may still deliver an
+/// earlier one first (what the old one delivers late is a duplicate, after its re-sent copy). A
+/// round is what was enqueued before a failure was heard of: a batch the broker times out is one
+/// round, however many messages it held.
 pub struct KafkaSink {
     shared: Arc<Shared>,
 }
@@ -141,9 +143,6 @@ struct Shared {
 
 /// Rounds of failures, with nothing delivered in between, before the producer is replaced.
 pub const STUCK_AFTER: u32 = 2;
-
-/// How long a stuck producer is given to answer every message it holds before it is replaced.
-const DRAIN_BEFORE_REPLACING: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for KafkaSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -308,29 +307,13 @@ impl Shared {
             return; // replaced already
         }
         if !self.replace_wanted.swap(true, Ordering::Relaxed) {
-            tracing::warn!(failed_rounds = failed, fatal = ?fatal, "the kafka producer looks stuck; replacing it once it holds no message");
+            tracing::warn!(failed_rounds = failed, fatal = ?fatal, "the kafka producer looks stuck; replacing it once nothing is in flight");
         }
     }
 
-    /// Replaces a stuck producer (see [`KafkaSink`]), once every message it holds was answered: a
-    /// new producer must not deliver a later message of an aggregate while the old one may still
-    /// deliver an earlier one. Waits for that, at most [`DRAIN_BEFORE_REPLACING`] (messages time
-    /// out within `message.timeout.ms`).
-    async fn replace_if_wanted(&self) {
-        if !self.replace_wanted.load(Ordering::Relaxed) {
-            return;
-        }
-        let old = self.current();
-        let deadline = tokio::time::Instant::now() + DRAIN_BEFORE_REPLACING;
-        while old.in_flight_count() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        if old.in_flight_count() > 0 {
-            tracing::warn!(
-                in_flight = old.in_flight_count(),
-                "the stuck kafka producer still holds messages; replacing it anyway"
-            );
-        }
+    /// Replaces the producer (see [`KafkaSink`]). What the old one still queues is purged: the relay
+    /// has answered it already (`ack_timeout`) and sends it again.
+    fn replace(&self) {
         let fresh = match create(&self.client, &self.secrets, &self.refused) {
             Ok(fresh) => fresh,
             Err(e) => return tracing::warn!(error = %e, "could not create a new kafka producer"),
@@ -342,7 +325,8 @@ impl Shared {
         );
         self.failed_rounds.store(0, Ordering::Relaxed);
         self.replace_wanted.store(false, Ordering::Relaxed);
-        // Dropping a producer purges and flushes it, which may block briefly.
+        old.purge(PurgeConfig::default().queue().inflight());
+        // Dropping a producer flushes it, which may block briefly.
         tokio::task::spawn_blocking(move || drop(old));
     }
 
@@ -376,6 +360,17 @@ impl Sink for KafkaSink {
         self.shared.current().purge(PurgeConfig::default().queue());
     }
 
+    fn wants_quiet(&self) -> bool {
+        self.shared.replace_wanted.load(Ordering::Relaxed)
+    }
+
+    fn quiet(&self) -> BoxFuture<'_, ()> {
+        if self.wants_quiet() {
+            self.shared.replace();
+        }
+        Box::pin(futures::future::ready(()))
+    }
+
     fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
         Box::pin(async move {
             // Refused before: send nothing until the broker accepts the client again.
@@ -383,7 +378,6 @@ impl Sink for KafkaSink {
                 self.fetch_metadata().await?;
                 self.shared.refused.send_replace(None);
             }
-            self.shared.replace_if_wanted().await;
             let producer = self.shared.current();
             let enqueued = self.shared.enqueued.fetch_add(1, Ordering::Relaxed);
             let delivery = enqueue(&producer, message).await?;

@@ -222,6 +222,20 @@ pub trait Sink: Send + Sync {
     /// message is not delivered late, after its own re-sent copy and what follows. The default
     /// does nothing (a sink without a local queue has nothing to drop).
     fn purge(&self) {}
+
+    /// Whether the sink needs a moment with nothing in flight. The relay then reads every answer
+    /// it waits for, settles them, and calls [`quiet`](Self::quiet) before it sends anything more.
+    /// The Kafka sink asks for it to replace a stuck producer: a later message handed to a new
+    /// producer while the old one still holds an earlier one of its key could overtake it (the
+    /// relay hands a whole batch over at once). The default never asks.
+    fn wants_quiet(&self) -> bool {
+        false
+    }
+
+    /// Called with nothing in flight, once [`wants_quiet`](Self::wants_quiet) asked for it.
+    fn quiet(&self) -> BoxFuture<'_, ()> {
+        Box::pin(futures::future::ready(()))
+    }
 }
 
 impl<S: Sink + ?Sized> Sink for Box<S> {
@@ -239,6 +253,14 @@ impl<S: Sink + ?Sized> Sink for Box<S> {
 
     fn purge(&self) {
         (**self).purge();
+    }
+
+    fn wants_quiet(&self) -> bool {
+        (**self).wants_quiet()
+    }
+
+    fn quiet(&self) -> BoxFuture<'_, ()> {
+        (**self).quiet()
     }
 }
 

@@ -110,6 +110,10 @@ pub(crate) async fn run(outlet: &Outlet<'_>, source: &WalSource, shutdown: &Canc
             }
             Err(e) => {
                 waiting_as_standby = false;
+                // Nothing is in flight now: the moment a sink may replace its producer.
+                if outlet.sink.wants_quiet() {
+                    outlet.sink.quiet().await;
+                }
                 if streaming {
                     backoff = outlet.config.backoff();
                 }
