@@ -247,6 +247,8 @@ fn run_help_shows_the_relays_own_defaults() {
         "[default: 7days]".to_owned(),
         "[default: 127.0.0.1:9187]".to_owned(),
         "[default: outbox_relay]".to_owned(),
+        "Where to publish [default: kafka]".to_owned(),
+        "Pulsar tenant of the topics [default: public]".to_owned(),
     ] {
         assert!(
             help.contains(&expected),

@@ -148,7 +148,8 @@ pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
     }
     let config = RelayConfig::new("");
     let wal = crate::source::wal::WalSource::default();
-    vec![
+    #[allow(unused_mut)] // without the pulsar feature nothing is added
+    let mut defaults = vec![
         ("batch_size", config.batch_size.to_string()),
         ("max_batch_bytes", config.max_batch_bytes.to_string()),
         ("max_payload_bytes", config.max_payload_bytes.to_string()),
@@ -163,7 +164,26 @@ pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
         ("retention", config.retention.map_or("off".into(), wait)),
         ("prune_interval", wait(config.prune_interval)),
         ("http_addr", DEFAULT_HTTP_ADDR.to_owned()),
-    ]
+        ("kind", name(default_sink())),
+    ];
+    #[cfg(feature = "pulsar")]
+    {
+        let pulsar = crate::sink::pulsar::PulsarConfig::new("");
+        defaults.extend([
+            ("tenant", pulsar.tenant),
+            ("namespace", pulsar.namespace),
+            ("max_message_bytes", pulsar.max_message_bytes.to_string()),
+        ]);
+    }
+    defaults
+}
+
+/// The sink when none is named: Kafka when the binary has it.
+fn default_sink() -> SinkKind {
+    #[cfg(feature = "kafka")]
+    return SinkKind::Kafka;
+    #[cfg(not(feature = "kafka"))]
+    return SinkKind::Stdout;
 }
 
 /// `command` with each `run` default of [`run_defaults`] at the end of its flag's help.
@@ -194,7 +214,7 @@ pub(super) enum SourceKind {
 #[derive(Debug, Default, Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct SinkSettings {
-    /// Where to publish [default: kafka].
+    /// Where to publish.
     #[arg(long = "sink", value_enum, env = "OUTBOX_SINK", help_heading = "Sink")]
     #[serde(rename = "type")]
     pub kind: Option<SinkKind>,
@@ -216,15 +236,15 @@ pub(super) struct SinkSettings {
     #[cfg(feature = "pulsar")]
     #[arg(long = "pulsar-url", env = "PULSAR_URL", help_heading = "Pulsar sink")]
     pub url: Option<String>,
-    /// Pulsar tenant of the topics [default: public].
+    /// Pulsar tenant of the topics.
     #[cfg(feature = "pulsar")]
     #[arg(long = "pulsar-tenant", help_heading = "Pulsar sink")]
     pub tenant: Option<String>,
-    /// Pulsar namespace of the topics [default: default].
+    /// Pulsar namespace of the topics.
     #[cfg(feature = "pulsar")]
     #[arg(long = "pulsar-namespace", help_heading = "Pulsar sink")]
     pub namespace: Option<String>,
-    /// Largest payload sent to Pulsar; larger events are parked [default: 5 MiB less 16 KiB].
+    /// Largest payload sent to Pulsar (5 MiB less room for the envelope); larger events are parked.
     #[cfg(feature = "pulsar")]
     #[arg(long = "pulsar-max-message-bytes", help_heading = "Pulsar sink")]
     pub max_message_bytes: Option<usize>,
@@ -447,12 +467,8 @@ impl Settings {
 
     /// The sink's configuration.
     pub(super) fn sink_config(&self) -> Result<SinkConfig, UsageError> {
-        #[cfg(feature = "kafka")]
-        let default = SinkKind::Kafka;
-        #[cfg(not(feature = "kafka"))]
-        let default = SinkKind::Stdout;
         let sink = &self.sink;
-        match sink.kind.unwrap_or(default) {
+        match sink.kind.unwrap_or_else(default_sink) {
             SinkKind::Stdout => Ok(SinkConfig::Stdout),
             #[cfg(feature = "kafka")]
             SinkKind::Kafka => {
