@@ -507,7 +507,7 @@ async fn a_producer_replaced_while_it_holds_unanswered_messages_keeps_each_aggre
     });
     let mut relay_config = f.relay_config();
     relay_config.ack_timeout = Duration::from_secs(2);
-    let relay = seaorm_outbox_relay::Relay::new(relay_config, SharedSink(sink.clone()));
+    let relay = seaorm_outbox_relay::Relay::new(relay_config, sink.clone());
     let shutdown = tokio_util::sync::CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -533,33 +533,6 @@ async fn a_producer_replaced_while_it_holds_unanswered_messages_keeps_each_aggre
         duplicates >= late,
         "the late deliveries arrived: {duplicates}"
     );
-}
-
-/// An `Arc` of a sink, as a sink: the test keeps a handle to release what it held.
-struct SharedSink<S>(Arc<S>);
-
-impl<S: seaorm_outbox_relay::sink::Sink> seaorm_outbox_relay::sink::Sink for SharedSink<S> {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-
-    fn enqueue<'a>(
-        &'a self,
-        message: &'a seaorm_outbox_relay::sink::Message,
-    ) -> futures::future::BoxFuture<
-        'a,
-        Result<seaorm_outbox_relay::sink::Ack, seaorm_outbox_relay::sink::SinkError>,
-    > {
-        self.0.enqueue(message)
-    }
-
-    fn wants_quiet(&self) -> bool {
-        self.0.wants_quiet()
-    }
-
-    fn quiet(&self) -> futures::future::BoxFuture<'_, ()> {
-        self.0.quiet()
-    }
 }
 
 /// A TCP proxy on 127.0.0.1 that holds connections without answering until `forward` is set,

@@ -12,6 +12,7 @@ pub mod pulsar;
 pub mod stdout;
 
 use futures::future::BoxFuture;
+use std::sync::Arc;
 use uuid::Uuid;
 
 /// One event, ready for the broker. The contract every sink keeps:
@@ -238,31 +239,43 @@ pub trait Sink: Send + Sync {
     }
 }
 
-impl<S: Sink + ?Sized> Sink for Box<S> {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
+/// A boxed or shared sink is a sink: the relay takes ownership of one, while a test or an
+/// embedding application keeps an `Arc` of it to look inside.
+macro_rules! forward_sink {
+    ($pointer:ident) => {
+        impl<S: Sink + ?Sized> Sink for $pointer<S> {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
 
-    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
-        (**self).enqueue(message)
-    }
+            fn enqueue<'a>(
+                &'a self,
+                message: &'a Message,
+            ) -> BoxFuture<'a, Result<Ack, SinkError>> {
+                (**self).enqueue(message)
+            }
 
-    fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
-        (**self).ready()
-    }
+            fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
+                (**self).ready()
+            }
 
-    fn purge(&self) {
-        (**self).purge();
-    }
+            fn purge(&self) {
+                (**self).purge();
+            }
 
-    fn wants_quiet(&self) -> bool {
-        (**self).wants_quiet()
-    }
+            fn wants_quiet(&self) -> bool {
+                (**self).wants_quiet()
+            }
 
-    fn quiet(&self) -> BoxFuture<'_, ()> {
-        (**self).quiet()
-    }
+            fn quiet(&self) -> BoxFuture<'_, ()> {
+                (**self).quiet()
+            }
+        }
+    };
 }
+
+forward_sink!(Box);
+forward_sink!(Arc);
 
 /// Sends `batch` through `sink` in order and awaits every ack: one result per message. A helper
 /// for tests and tools that use a sink without the relay; it applies none of the relay's ordering
