@@ -76,30 +76,7 @@ pub async fn status(database_url: &str) -> Result<Status, sqlx::Error> {
 
 /// Reads the status over an open connection.
 pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::Error> {
-    let (backlog, parked, oldest_seconds): (i64, i64, Option<f64>) =
-        match table {
-            OutboxTable::Postgres(conn) => {
-                sqlx::query_as(
-                    "SELECT count(*) FILTER (WHERE parked_at IS NULL),
-                            count(*) FILTER (WHERE parked_at IS NOT NULL),
-                            (extract(epoch FROM now())
-                             - extract(epoch FROM min(created_at) FILTER (WHERE parked_at IS NULL)))::float8
-                     FROM outbox WHERE published_at IS NULL",
-                )
-                .fetch_one(&mut *conn)
-                .await?
-            }
-            OutboxTable::Sqlite(conn) => {
-                sqlx::query_as(
-                    "SELECT count(*) FILTER (WHERE parked_at IS NULL),
-                            count(*) FILTER (WHERE parked_at IS NOT NULL),
-                            (julianday('now') - julianday(min(created_at) FILTER (WHERE parked_at IS NULL))) * 86400.0
-                     FROM outbox WHERE published_at IS NULL",
-                )
-                .fetch_one(&mut *conn)
-                .await?
-            }
-        };
+    let (backlog, parked, oldest_seconds) = table.backlog().await?;
     let wal_slots = match table {
         OutboxTable::Postgres(conn) => crate::source::wal::slot::all_status(conn).await?,
         OutboxTable::Sqlite(_) => Vec::new(),

@@ -207,6 +207,55 @@ impl OutboxTable {
         }
     }
 
+    /// Deletes up to `limit` published rows older than `age`, oldest first; returns how many.
+    pub async fn delete_published(
+        &mut self,
+        age: std::time::Duration,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let seconds = age.as_secs_f64();
+        let done = match self {
+            OutboxTable::Postgres(conn) => {
+                let query = sqlx::query(postgres::PRUNE_PUBLISHED);
+                query
+                    .bind(seconds)
+                    .bind(limit)
+                    .execute(conn)
+                    .await?
+                    .rows_affected()
+            }
+            OutboxTable::Sqlite(conn) => {
+                let query = sqlx::query(sqlite::PRUNE_PUBLISHED);
+                query
+                    .bind(seconds)
+                    .bind(limit)
+                    .execute(conn)
+                    .await?
+                    .rows_affected()
+            }
+        };
+        Ok(done)
+    }
+
+    /// Deletes up to `limit` rows (not parked, not held) whose id is below `below`: the WAL
+    /// source's pruning, PostgreSQL only (0 on SQLite).
+    pub async fn delete_read(&mut self, below: uuid::Uuid, limit: i64) -> Result<u64, sqlx::Error> {
+        let Some(conn) = self.postgres() else {
+            return Ok(0);
+        };
+        let query = sqlx::query(postgres::PRUNE_READ).bind(below).bind(limit);
+        Ok(query.execute(conn).await?.rows_affected())
+    }
+
+    /// The backlog (unpublished, not parked), the parked events, and the age in seconds of the
+    /// oldest unpublished one.
+    pub async fn backlog(&mut self) -> Result<(i64, i64, Option<f64>), sqlx::Error> {
+        match self {
+            OutboxTable::Postgres(conn) => sqlx::query_as(postgres::BACKLOG).fetch_one(conn).await,
+            OutboxTable::Sqlite(conn) => sqlx::query_as(sqlite::BACKLOG).fetch_one(conn).await,
+        }
+    }
+
     /// Checks that the database answers.
     pub async fn ping(&mut self) -> Result<(), sqlx::Error> {
         match self {

@@ -132,3 +132,25 @@ pub(super) async fn settle(
     }
     Ok(())
 }
+
+/// Deletes up to `$2` published rows older than `$1` seconds, oldest first, through the partial
+/// index `outbox_published`; rows another pruner holds are skipped.
+pub(super) const PRUNE_PUBLISHED: &str = "
+DELETE FROM outbox WHERE id IN (
+    SELECT id FROM outbox WHERE published_at < now() - make_interval(secs => $1)
+    ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// The WAL source's pruning: deletes up to `$2` rows whose UUIDv7 id is below `$1`, through the
+/// primary key, keeping parked and held rows.
+pub(super) const PRUNE_READ: &str = "
+DELETE FROM outbox WHERE id IN (
+    SELECT id FROM outbox WHERE id < $1 AND parked_at IS NULL AND held_at IS NULL
+    ORDER BY id LIMIT $2)";
+
+/// The backlog, the parked events, and the age in seconds of the oldest unpublished one.
+pub(super) const BACKLOG: &str = "
+SELECT count(*) FILTER (WHERE parked_at IS NULL),
+       count(*) FILTER (WHERE parked_at IS NOT NULL),
+       (extract(epoch FROM now())
+        - extract(epoch FROM min(created_at) FILTER (WHERE parked_at IS NULL)))::float8
+FROM outbox WHERE published_at IS NULL";

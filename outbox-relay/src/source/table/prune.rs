@@ -25,32 +25,9 @@ pub async fn prune(database_url: &str, retention: Duration) -> Result<u64, sqlx:
 }
 
 async fn prune_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, sqlx::Error> {
-    let seconds = retention.as_secs_f64();
     let mut total = 0;
     loop {
-        let deleted = match table {
-            OutboxTable::Postgres(conn) => sqlx::query(
-                "DELETE FROM outbox WHERE id IN (
-                     SELECT id FROM outbox WHERE published_at < now() - make_interval(secs => $1)
-                     ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-            )
-            .bind(seconds)
-            .bind(PRUNE_BATCH)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected(),
-            OutboxTable::Sqlite(conn) => sqlx::query(
-                "DELETE FROM outbox WHERE id IN (
-                     SELECT id FROM outbox
-                     WHERE published_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1))
-                     ORDER BY published_at LIMIT ?2)",
-            )
-            .bind(seconds)
-            .bind(PRUNE_BATCH)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected(),
-        };
+        let deleted = table.delete_published(retention, PRUNE_BATCH).await?;
         total += deleted;
         if deleted < PRUNE_BATCH as u64 {
             return Ok(total);
@@ -84,24 +61,12 @@ pub(crate) async fn prune_periodically(
 /// live in the WAL whatever becomes of the row, so pruning goes by age alone; parked and held rows
 /// stay (they are what a release sends).
 async fn prune_read_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, sqlx::Error> {
-    let Some(conn) = table.postgres() else {
-        return Ok(0);
-    };
     let cutoff_ms = chrono::Utc::now().timestamp_millis()
         - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let cutoff = uuid_v7_floor(cutoff_ms.max(0));
     let mut total = 0;
     loop {
-        let deleted = sqlx::query(
-            "DELETE FROM outbox WHERE id IN (
-                 SELECT id FROM outbox WHERE id < $1 AND parked_at IS NULL AND held_at IS NULL
-                 ORDER BY id LIMIT $2)",
-        )
-        .bind(cutoff)
-        .bind(PRUNE_BATCH)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
+        let deleted = table.delete_read(cutoff, PRUNE_BATCH).await?;
         total += deleted;
         if deleted < PRUNE_BATCH as u64 {
             return Ok(total);

@@ -76,3 +76,17 @@ pub(super) async fn settle(
     }
     Ok(())
 }
+
+/// Deletes up to `?2` published rows older than `?1` seconds, oldest first.
+pub(super) const PRUNE_PUBLISHED: &str = "
+DELETE FROM outbox WHERE id IN (
+    SELECT id FROM outbox
+    WHERE published_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1))
+    ORDER BY published_at LIMIT ?2)";
+
+/// The backlog, the parked events, and the age in seconds of the oldest unpublished one.
+pub(super) const BACKLOG: &str = "
+SELECT count(*) FILTER (WHERE parked_at IS NULL),
+       count(*) FILTER (WHERE parked_at IS NOT NULL),
+       (julianday('now') - julianday(min(created_at) FILTER (WHERE parked_at IS NULL))) * 86400.0
+FROM outbox WHERE published_at IS NULL";
