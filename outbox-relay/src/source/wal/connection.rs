@@ -5,10 +5,15 @@ use super::Stop;
 use crate::config::WalSource;
 use crate::database::postgres_options;
 use pgwire_replication::{ReplicationConfig, TlsConfig};
+use sqlx::postgres::PgSslMode;
 use std::time::Duration;
 
-/// The replication connection's settings, from the relay's PostgreSQL URL (host, port, user,
-/// password, database, `sslmode`, `sslrootcert`, `sslcert`, `sslkey`).
+/// The replication connection's settings, from the relay's PostgreSQL URL as sqlx reads it for
+/// the relay's other connections: host, port, user, database and the TLS mode (`sslmode` or its
+/// alias `ssl-mode`, else `PGSSLMODE`) from the parsed options; the password (the URL's, its
+/// `password` parameter, else `PGPASSWORD`) and the certificate paths (`sslrootcert` or
+/// `PGSSLROOTCERT`, `sslcert`, `sslkey`), which sqlx does not hand back, from the URL. `prefer`
+/// and `allow` mean no TLS here: the replication client cannot fall back (see issue #25).
 pub(super) fn replication_config(url: &str, source: &WalSource) -> Result<ReplicationConfig, Stop> {
     let (options, _) = postgres_options(url)?;
     let parsed = url::Url::parse(url).map_err(|e| Stop::Stream(format!("database URL: {e}")))?;
@@ -18,13 +23,20 @@ pub(super) fn replication_config(url: &str, source: &WalSource) -> Result<Replic
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.into_owned())
     };
-    let password = parsed.password().map(percent_decode).unwrap_or_default();
-    let root = query("sslrootcert").map(std::path::PathBuf::from);
-    let mut tls = match query("sslmode").as_deref() {
-        Some("require") => TlsConfig::require(),
-        Some("verify-ca") => TlsConfig::verify_ca(root),
-        Some("verify-full") => TlsConfig::verify_full(root),
-        _ => TlsConfig::disabled(),
+    let password = parsed
+        .password()
+        .map(percent_decode)
+        .or_else(|| query("password"))
+        .or_else(|| std::env::var("PGPASSWORD").ok())
+        .unwrap_or_default();
+    let root = query("sslrootcert")
+        .or_else(|| std::env::var("PGSSLROOTCERT").ok())
+        .map(std::path::PathBuf::from);
+    let mut tls = match options.get_ssl_mode() {
+        PgSslMode::Require => TlsConfig::require(),
+        PgSslMode::VerifyCa => TlsConfig::verify_ca(root),
+        PgSslMode::VerifyFull => TlsConfig::verify_full(root),
+        PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => TlsConfig::disabled(),
     };
     if let (Some(cert), Some(key)) = (query("sslcert"), query("sslkey")) {
         tls = tls.with_client_cert(
@@ -56,4 +68,40 @@ fn percent_decode(s: &str) -> String {
         .next()
         .map(|(_, v)| v.into_owned())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgwire_replication::SslMode;
+
+    fn config(url: &str) -> ReplicationConfig {
+        replication_config(url, &WalSource::default()).unwrap()
+    }
+
+    #[test]
+    fn the_replication_connection_reads_the_url_as_the_relays_other_connections_do() {
+        let c = config(
+            "postgres://relay:p%40ss@db.example.com:6432/shop?ssl-mode=verify-full&sslrootcert=/ca.pem",
+        );
+        assert_eq!(
+            (c.host.as_str(), c.port, c.user.as_str()),
+            ("db.example.com", 6432, "relay")
+        );
+        assert_eq!((c.password.as_str(), c.database.as_str()), ("p@ss", "shop"));
+        assert_eq!(c.tls.mode, SslMode::VerifyFull);
+        assert_eq!(
+            c.tls.ca_pem_path.as_deref(),
+            Some(std::path::Path::new("/ca.pem"))
+        );
+        let c = config("postgres://relay@db/shop?sslmode=require&password=secret");
+        assert_eq!(
+            (c.tls.mode, c.password.as_str()),
+            (SslMode::Require, "secret")
+        );
+        assert_eq!(
+            config("postgres://relay@db/shop").tls.mode,
+            SslMode::Disable
+        );
+    }
 }
