@@ -14,7 +14,8 @@
 //!   string, so the file itself holds no secret (`$${` is a literal `${`).
 
 use super::UsageError;
-use super::settings::{Settings, one_line};
+use super::output::one_line;
+use super::settings::Settings;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use toml::{Table, Value};

@@ -10,6 +10,7 @@
 //! types are in `args.rs`, the printing in `output.rs`.
 
 mod args;
+mod defaults;
 mod failed;
 mod layers;
 mod migrate;
@@ -18,6 +19,7 @@ mod routes;
 mod run;
 mod settings;
 mod status;
+mod values;
 mod wal;
 
 use args::{Cli, Command};
@@ -37,7 +39,7 @@ pub(crate) struct UsageError(pub String);
 /// }
 /// ```
 pub fn main() -> ExitCode {
-    let command = settings::with_defaults(Cli::command());
+    let command = defaults::with_defaults(Cli::command());
     let cli = match command
         .try_get_matches()
         .and_then(|matches| Cli::from_arg_matches(&matches))

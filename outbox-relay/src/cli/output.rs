@@ -31,3 +31,12 @@ pub(super) fn failure(message: &str) -> ExitCode {
     eprintln!("outbox-relay: {message}");
     ExitCode::FAILURE
 }
+
+/// The first line of a message, for one-line errors.
+pub(super) fn one_line(text: &str) -> String {
+    text.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}

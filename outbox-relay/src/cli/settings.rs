@@ -4,6 +4,11 @@
 //! Defaults are [`RelayConfig::new`]'s and the sinks' own.
 
 use super::UsageError;
+use super::defaults::default_sink;
+use super::output::one_line;
+use super::values::{
+    DEFAULT_HTTP_ADDR, HttpAddr, Retention, Wait, is_false, key_value, options_table,
+};
 use crate::RelayConfig;
 use crate::config::Mode;
 use crate::config::Wakeup;
@@ -14,7 +19,6 @@ use seaorm_outbox::Secret;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
 use toml::Table;
 
 /// The database, for the commands that need nothing else (`status`, `migrate`, `failed`).
@@ -131,72 +135,6 @@ pub(super) struct Settings {
     #[command(flatten)]
     #[serde(default, skip_serializing_if = "SinkSettings::is_empty")]
     pub sink: SinkSettings,
-}
-
-/// The defaults `run --help` shows, read from where the relay takes them ([`RelayConfig::new`],
-/// [`WalSource::default`](crate::wal::WalSource), the endpoints' address), so the help cannot
-/// drift from them. By argument id.
-pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
-    fn name(value: impl ValueEnum) -> String {
-        value
-            .to_possible_value()
-            .map(|v| v.get_name().to_owned())
-            .unwrap_or_default()
-    }
-    fn wait(d: Duration) -> String {
-        humantime::format_duration(d).to_string()
-    }
-    let config = RelayConfig::new("");
-    let wal = crate::source::wal::WalSource::default();
-    #[allow(unused_mut)] // without the pulsar feature nothing is added
-    let mut defaults = vec![
-        ("batch_size", config.batch_size.to_string()),
-        ("max_batch_bytes", config.max_batch_bytes.to_string()),
-        ("max_payload_bytes", config.max_payload_bytes.to_string()),
-        ("poll_interval", wait(config.poll_interval)),
-        ("mode", name(config.mode)),
-        ("topic_template", config.topic_template),
-        ("wakeup", name(config.wakeup)),
-        ("source", name(SourceKind::default())),
-        ("wal_slot", wal.slot),
-        ("wal_publication", wal.publication),
-        ("lease_refresh", wait(config.lease_refresh)),
-        ("retention", config.retention.map_or("off".into(), wait)),
-        ("prune_interval", wait(config.prune_interval)),
-        ("http_addr", DEFAULT_HTTP_ADDR.to_owned()),
-        ("kind", name(default_sink())),
-    ];
-    #[cfg(feature = "pulsar")]
-    {
-        let pulsar = crate::sink::pulsar::PulsarConfig::new("");
-        defaults.extend([
-            ("tenant", pulsar.tenant),
-            ("namespace", pulsar.namespace),
-            ("max_message_bytes", pulsar.max_message_bytes.to_string()),
-        ]);
-    }
-    defaults
-}
-
-/// The sink when none is named: Kafka when the binary has it.
-fn default_sink() -> SinkKind {
-    #[cfg(feature = "kafka")]
-    return SinkKind::Kafka;
-    #[cfg(not(feature = "kafka"))]
-    return SinkKind::Stdout;
-}
-
-/// `command` with each `run` default of [`run_defaults`] at the end of its flag's help.
-pub(super) fn with_defaults(command: clap::Command) -> clap::Command {
-    command.mut_subcommand("run", |mut run| {
-        for (id, default) in run_defaults() {
-            run = run.mut_arg(id, |arg| {
-                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
-                arg.help(format!("{help} [default: {default}]"))
-            });
-        }
-        run
-    })
 }
 
 /// Where `run` reads events.
@@ -335,23 +273,6 @@ pub(super) enum SinkKind {
     Pulsar,
     Stdout,
 }
-
-/// A duration written for people: `100ms`, `2s`, `7d`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub(super) struct Wait(pub Duration);
-
-/// `retention`: a duration, or `off`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub(super) struct Retention(pub Option<Duration>);
-
-/// `http_addr`: an address, or `off`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub(super) struct HttpAddr(pub Option<std::net::SocketAddr>);
-
-const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:9187";
 
 impl Settings {
     /// The database URL, checked.
@@ -573,119 +494,5 @@ fn check_postgres_parameters(url: &str) -> Result<(), UsageError> {
 impl SinkSettings {
     fn is_empty(&self) -> bool {
         Table::try_from(self).map_or(true, |t| t.is_empty())
-    }
-}
-
-fn is_false(value: &bool) -> bool {
-    !value
-}
-
-/// The first line of a message, for one-line errors.
-pub(super) fn one_line(text: &str) -> String {
-    text.split('\n')
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn key_value(text: &str) -> Result<(String, String), String> {
-    match text.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
-        _ => Err(format!("`{text}` is not KEY=VALUE")),
-    }
-}
-
-fn duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .map_err(|e| format!("`{text}` is not a duration such as 100ms or 2s: {e}"))
-}
-
-impl FromStr for Wait {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        duration(text).map(Wait)
-    }
-}
-
-impl TryFrom<String> for Wait {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<Wait> for String {
-    fn from(Wait(d): Wait) -> String {
-        humantime::format_duration(d).to_string()
-    }
-}
-
-impl FromStr for Retention {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "off" | "none" => Ok(Retention(None)),
-            _ => duration(text).map(|d| Retention(Some(d))),
-        }
-    }
-}
-
-impl TryFrom<String> for Retention {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<Retention> for String {
-    fn from(Retention(d): Retention) -> String {
-        d.map_or("off".into(), |d| humantime::format_duration(d).to_string())
-    }
-}
-
-impl FromStr for HttpAddr {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "off" | "none" => Ok(HttpAddr(None)),
-            _ => text
-                .parse()
-                .map(|a| HttpAddr(Some(a)))
-                .map_err(|_| format!("`{text}` is not an address such as 127.0.0.1:9187, or off")),
-        }
-    }
-}
-
-impl TryFrom<String> for HttpAddr {
-    type Error = String;
-    fn try_from(text: String) -> Result<Self, String> {
-        text.parse()
-    }
-}
-
-impl From<HttpAddr> for String {
-    fn from(HttpAddr(a): HttpAddr) -> String {
-        a.map_or("off".into(), |a| a.to_string())
-    }
-}
-
-/// `[sink] options` is a table in the file and repeated `KEY=VALUE` flags on the command line.
-mod options_table {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
-    use std::collections::BTreeMap;
-
-    pub fn serialize<S: Serializer>(options: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
-        let table: BTreeMap<&str, &str> = options
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        table.serialize(s)
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, String)>, D::Error> {
-        Ok(BTreeMap::<String, String>::deserialize(d)?
-            .into_iter()
-            .collect())
     }
 }
