@@ -3,7 +3,8 @@
 //! The settings a command shares with the config file ([`Settings`](super::settings::Settings) and
 //! [`DatabaseArgs`]) are defined once, in `settings.rs`, and flattened in here.
 
-use super::settings::{DatabaseArgs, LogFormat, Settings};
+use super::settings::{DatabaseArgs, Settings};
+use super::values::LogFormat;
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use std::path::PathBuf;

@@ -1,8 +1,8 @@
 //! The defaults `run --help` shows, read from where the relay takes them, so the help cannot
 //! drift from them.
 
-use super::settings::{SinkKind, SourceKind};
 use super::values::DEFAULT_HTTP_ADDR;
+use super::values::{SinkKind, SourceKind};
 use crate::RelayConfig;
 use clap::ValueEnum;
 use std::time::Duration;

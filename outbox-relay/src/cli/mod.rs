@@ -79,7 +79,7 @@ pub fn main() -> ExitCode {
         Ok(loaded) => loaded,
         Err(e) => return output::usage_error(&e.0),
     };
-    output::init_logging(settings.log_format.unwrap_or(settings::LogFormat::Human));
+    output::init_logging(settings.log_format.unwrap_or(values::LogFormat::Human));
     runtime.block_on(async move {
         let result = match command {
             Command::Run(_) => run::run(&settings, shutdown.unwrap_or_default()).await,

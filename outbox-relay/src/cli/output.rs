@@ -1,6 +1,6 @@
 //! What the command line prints besides its results: logs, usage errors, failures.
 
-use super::settings::LogFormat;
+use super::values::LogFormat;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 

@@ -7,14 +7,15 @@ use super::UsageError;
 use super::defaults::default_sink;
 use super::output::one_line;
 use super::values::{
-    DEFAULT_HTTP_ADDR, HttpAddr, Retention, Wait, is_false, key_value, options_table,
+    DEFAULT_HTTP_ADDR, HttpAddr, LogFormat, Retention, SinkKind, SourceKind, Wait, is_false,
+    key_value, options_table,
 };
 use crate::RelayConfig;
 use crate::config::Mode;
 use crate::config::Wakeup;
 use crate::database::Backend;
 use crate::sink::SinkConfig;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use seaorm_outbox::Secret;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -137,17 +138,6 @@ pub(super) struct Settings {
     pub sink: SinkSettings,
 }
 
-/// Where `run` reads events.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum SourceKind {
-    /// Poll the outbox table.
-    #[default]
-    Table,
-    /// Read the WAL through logical replication (PostgreSQL, wal_level = logical).
-    Wal,
-}
-
 /// The `[sink]` table, and the sink flags.
 #[derive(Debug, Default, Args, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -255,23 +245,6 @@ pub(super) struct SinkSettings {
     #[cfg(feature = "pulsar-oauth2")]
     #[arg(long = "pulsar-oauth2-scope", help_heading = "Pulsar sink")]
     pub oauth2_scope: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum LogFormat {
-    Human,
-    Json,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(super) enum SinkKind {
-    #[cfg(feature = "kafka")]
-    Kafka,
-    #[cfg(feature = "pulsar")]
-    Pulsar,
-    Stdout,
 }
 
 impl Settings {

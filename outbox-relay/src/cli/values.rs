@@ -1,6 +1,7 @@
 //! The values of settings written for people (`100ms`, `7d`, `off`, `KEY=VALUE`), as the flags,
 //! the environment and the config file give them.
 
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use std::str::FromStr;
 use std::time::Duration;
@@ -126,4 +127,34 @@ pub(super) mod options_table {
             .into_iter()
             .collect())
     }
+}
+
+/// Where `run` reads events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum SourceKind {
+    /// Poll the outbox table.
+    #[default]
+    Table,
+    /// Read the WAL through logical replication (PostgreSQL, wal_level = logical).
+    Wal,
+}
+
+/// How the logs are written: lines for people, or JSON for machines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum LogFormat {
+    Human,
+    Json,
+}
+
+/// Where `run` publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum SinkKind {
+    #[cfg(feature = "kafka")]
+    Kafka,
+    #[cfg(feature = "pulsar")]
+    Pulsar,
+    Stdout,
 }
