@@ -16,18 +16,6 @@ use tokio_util::task::TaskTracker;
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
 /// Background tasks with one owner; see the module documentation.
-///
-/// ```
-/// # use seaorm_outbox_relay::tasks::BackgroundTasks;
-/// # use tokio_util::sync::CancellationToken;
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-/// let shutdown = CancellationToken::new();
-/// let tasks = BackgroundTasks::new(&shutdown);
-/// tasks.spawn("ticker", |stop| async move { stop.cancelled().await });
-/// shutdown.cancel();
-/// tasks.stop().await; // returns once "ticker" has ended
-/// # });
-/// ```
 #[derive(Debug)]
 pub struct BackgroundTasks {
     stop: CancellationToken,
@@ -81,5 +69,31 @@ impl BackgroundTasks {
 impl Drop for BackgroundTasks {
     fn drop(&mut self) {
         self.stop.cancel();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[tokio::test]
+    async fn stop_returns_once_every_task_has_ended() {
+        let shutdown = CancellationToken::new();
+        let tasks = BackgroundTasks::new(&shutdown);
+        let ended = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&ended);
+        tasks.spawn("ticker", move |stop| async move {
+            stop.cancelled().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            flag.store(true, Ordering::SeqCst);
+        });
+        shutdown.cancel();
+        tasks.stop().await;
+        assert!(
+            ended.load(Ordering::SeqCst),
+            "stop returned before the task ended"
+        );
     }
 }
