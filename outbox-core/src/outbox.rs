@@ -120,7 +120,7 @@ static MAX_PAYLOAD_BYTES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(DEFAULT_MAX_PAYLOAD_BYTES);
 
 /// The largest payload `record` accepts, in bytes of JSON: a larger event fails with
-/// [`Error::PayloadTooLarge`] and nothing is written, instead of a row the broker would refuse.
+/// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) and nothing is written, instead of a row the broker would refuse.
 /// Default [`DEFAULT_MAX_PAYLOAD_BYTES`].
 pub fn max_payload_bytes() -> usize {
     MAX_PAYLOAD_BYTES.load(std::sync::atomic::Ordering::Relaxed)
@@ -139,7 +139,8 @@ pub fn set_max_payload_bytes(limit: usize) {
     MAX_PAYLOAD_BYTES.store(limit, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Where `record` writes events. The application chooses once, at start, with [`set_recording`] (the process default), or per use with an [`Outbox`] value;
+/// Where `record` writes events. The application chooses once, at start, with [`set_recording`]
+/// (the process default), or per use with an [`Outbox`] value;
 /// every `record`, `record_all` and `record_new_events` call follows it, so code that records
 /// events does not change.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
