@@ -139,10 +139,9 @@ pub fn set_max_payload_bytes(limit: usize) {
     MAX_PAYLOAD_BYTES.store(limit, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Where `record` writes events. The application chooses once, at start, with [`set_recording`]
-/// (the process default), or per use with an [`Outbox`] value;
-/// every `record`, `record_all` and `record_new_events` call follows it, so code that records
-/// events does not change.
+/// Where events are recorded: per use, with an [`Outbox`] value; or for the whole process, at
+/// start, with [`set_recording`], which `event.record(&txn)`, `record_all` and
+/// `record_new_events` follow, so code that records events does not change.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Recording {
