@@ -12,7 +12,8 @@ use crate::pace::Pace;
 use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::Sink;
-use crate::source::table::{OutboxTable, TableSource, prune};
+use crate::source::table::prune::{self, Pruned};
+use crate::source::table::{OutboxTable, TableSource};
 use crate::source::wal;
 use crate::tasks::BackgroundTasks;
 use crate::{metrics, status};
@@ -195,7 +196,7 @@ impl Relay {
             if let Some(retention) = self.config.retention {
                 let (url, every) = (self.config.database_url.clone(), self.config.prune_interval);
                 tasks.spawn("pruner", move |stop| {
-                    prune::prune_read_periodically(url, retention, every, stop)
+                    prune::prune_periodically(url, Pruned::Read, retention, every, stop)
                 });
             }
             wal::run(&self.outlet(), source, &shutdown).await;
@@ -208,7 +209,7 @@ impl Relay {
         if let (Mode::Mark, Some(retention)) = (self.config.mode, self.config.retention) {
             let (url, every) = (self.config.database_url.clone(), self.config.prune_interval);
             tasks.spawn("pruner", move |stop| {
-                prune::prune_periodically(url, retention, every, stop)
+                prune::prune_periodically(url, Pruned::Published, retention, every, stop)
             });
         }
         let mut backoff = self.config.backoff();

@@ -21,13 +21,39 @@ const PRUNE_BATCH: i64 = 1000;
 /// ```
 pub async fn prune(database_url: &str, retention: Duration) -> Result<u64, sqlx::Error> {
     let mut table = OutboxTable::connect(database_url).await?;
-    prune_on(&mut table, retention).await
+    prune_on(&mut table, Pruned::Published, retention).await
 }
 
-async fn prune_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, sqlx::Error> {
+/// Which rows a source's pruning deletes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pruned {
+    /// The polling source's: rows marked published before the retention window.
+    Published,
+    /// The WAL source's: rows whose UUIDv7 id is older than the retention window, through the
+    /// primary key. The WAL source never marks rows, and its events live in the WAL whatever
+    /// becomes of the row, so pruning goes by age alone; parked and held rows stay (they are what
+    /// a release sends).
+    Read,
+}
+
+/// Deletes the `pruned` rows past `retention`, batch after batch, until none is left; returns
+/// how many it deleted.
+async fn prune_on(
+    table: &mut OutboxTable,
+    pruned: Pruned,
+    retention: Duration,
+) -> Result<u64, sqlx::Error> {
+    let cutoff_ms = chrono::Utc::now().timestamp_millis()
+        - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let mut total = 0;
     loop {
-        let deleted = table.delete_published(retention, PRUNE_BATCH).await?;
+        let deleted = match pruned {
+            Pruned::Published => table.delete_published(retention, PRUNE_BATCH).await?,
+            Pruned::Read => {
+                let below = uuid_v7_floor(cutoff_ms.max(0));
+                table.delete_read(below, PRUNE_BATCH).await?
+            }
+        };
         total += deleted;
         if deleted < PRUNE_BATCH as u64 {
             return Ok(total);
@@ -37,67 +63,30 @@ async fn prune_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, s
     }
 }
 
-/// Prunes every `every` until `shutdown`.
+/// Prunes the `pruned` rows every `every` until `shutdown`.
 pub(crate) async fn prune_periodically(
     database_url: String,
+    pruned: Pruned,
     retention: Duration,
     every: Duration,
     shutdown: CancellationToken,
 ) {
     every_tick(&database_url, every, shutdown, "pruning", |table| {
         Box::pin(async move {
-            let deleted = prune_on(table, retention).await?;
+            let deleted = prune_on(table, pruned, retention).await?;
             if deleted > 0 {
-                tracing::info!(deleted, "pruned published events past retention");
+                tracing::info!(deleted, ?pruned, "pruned events past retention");
             }
             Ok(())
         })
     })
     .await;
-}
-
-/// Deletes the rows the WAL source has read once their UUIDv7 ids are older than `retention`,
-/// batch after batch, through the primary key. The WAL source never marks rows, and its events
-/// live in the WAL whatever becomes of the row, so pruning goes by age alone; parked and held rows
-/// stay (they are what a release sends).
-async fn prune_read_on(table: &mut OutboxTable, retention: Duration) -> Result<u64, sqlx::Error> {
-    let cutoff_ms = chrono::Utc::now().timestamp_millis()
-        - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
-    let cutoff = uuid_v7_floor(cutoff_ms.max(0));
-    let mut total = 0;
-    loop {
-        let deleted = table.delete_read(cutoff, PRUNE_BATCH).await?;
-        total += deleted;
-        if deleted < PRUNE_BATCH as u64 {
-            return Ok(total);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The smallest UUIDv7 of millisecond `ms`: every v7 id made before it sorts below it.
 fn uuid_v7_floor(ms: i64) -> uuid::Uuid {
     let ms = u128::from(u64::try_from(ms).unwrap_or(0) & 0xFFFF_FFFF_FFFF);
     uuid::Uuid::from_u128((ms << 80) | (0x7 << 76) | (0x2 << 62))
-}
-
-/// Prunes the WAL source's table every `every` until `shutdown`.
-pub(crate) async fn prune_read_periodically(
-    database_url: String,
-    retention: Duration,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    every_tick(&database_url, every, shutdown, "pruning", |table| {
-        Box::pin(async move {
-            let deleted = prune_read_on(table, retention).await?;
-            if deleted > 0 {
-                tracing::info!(deleted, "pruned events the WAL source read, past retention");
-            }
-            Ok(())
-        })
-    })
-    .await;
 }
 
 #[cfg(test)]
