@@ -90,12 +90,9 @@ impl TableSource {
         limits: &Limits,
         in_flight: &[i64],
     ) -> Result<Claim, sqlx::Error> {
-        let shards = match &self.leases {
-            Some(leases) => leases.held().to_vec(),
-            None => vec![0],
-        };
+        let shards = self.leases.as_ref().map_or(&[0][..], Leases::held);
         self.table
-            .claim(limits, &shards, self.hold_parked, in_flight)
+            .claim(limits, shards, self.hold_parked, in_flight)
             .await
     }
 
