@@ -1,6 +1,6 @@
 //! A batch: what bounds it, whatever the source holds, and what became of each of its events.
 
-use crate::row::RowKey;
+use crate::row::{OutboxRow, RowKey};
 
 /// What bounds a claim, whatever the table holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,6 +13,14 @@ pub(crate) struct Limits {
     pub max_batch_bytes: usize,
     /// The largest payload published; a larger row is parked, and its payload is not even read.
     pub max_payload_bytes: usize,
+}
+
+/// The events a source claimed for one batch, in order.
+pub(crate) struct Claim {
+    pub rows: Vec<OutboxRow>,
+    /// Whether the claim stopped at a limit (rows or bytes) with more events waiting: the pump
+    /// claims again at once.
+    pub full: bool,
 }
 
 /// What became of each claimed row.

@@ -19,11 +19,18 @@ pub enum SourceError {
     /// cannot serve the source): it does not start.
     #[error("{0}")]
     Refused(String),
+    /// Another relay reads the WAL source's replication slot: this one waits as its standby.
+    #[error("another relay reads replication slot {0}")]
+    Standby(String),
+    /// The replication stream failed or ended: the relay reconnects and resumes from the slot's
+    /// confirmed position.
+    #[error("replication: {0}")]
+    Replication(String),
 }
 
 impl SourceError {
     /// Whether trying again later may succeed (the database was away), as opposed to a refusal.
     pub fn is_temporary(&self) -> bool {
-        matches!(self, SourceError::Database(_))
+        !matches!(self, SourceError::Refused(_))
     }
 }

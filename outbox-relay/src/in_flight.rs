@@ -31,7 +31,7 @@ pub(crate) async fn send(
         started,
         sent: Vec::with_capacity(rows.len()),
         outcome: Outcome::default(),
-        settled_seqs: Vec::with_capacity(rows.len()),
+        settled: Vec::with_capacity(rows.len()),
         refused: None,
         admission: Admission::new(waiting),
     };
@@ -44,7 +44,7 @@ pub(crate) async fn send(
             Err(reason) => {
                 tracing::error!(event_id = %row.id, seq = row.seq, %reason, "event parked");
                 batch.admission.refused(&row);
-                batch.settled_seqs.push(row.seq);
+                batch.settled.push(row.position);
                 batch.outcome.parked.push((row.key(), reason));
                 continue;
             }
@@ -52,7 +52,7 @@ pub(crate) async fn send(
         match outlet.sink.enqueue(&message).await {
             Ok(ack) => {
                 batch.admission.sent(&row);
-                batch.settled_seqs.push(row.seq);
+                batch.settled.push(row.position);
                 batch.sent.push(Sent {
                     row,
                     topic: message.topic,
@@ -65,7 +65,7 @@ pub(crate) async fn send(
             Err(e) if e.is_unavailable() => batch.refused = Some(e.message),
             Err(e) => {
                 batch.admission.refused(&row);
-                batch.settled_seqs.push(row.seq);
+                batch.settled.push(row.position);
                 let verdict = if e.is_permanent() {
                     Verdict::Park(e.message)
                 } else {
@@ -156,8 +156,9 @@ pub(crate) struct InFlight {
     sent: Vec<Sent>,
     /// What was decided before sending: rows parked, or refused at enqueue.
     outcome: Outcome,
-    /// Every row this batch will settle (sent, parked or refused): the next claim skips them.
-    pub settled_seqs: Vec<i64>,
+    /// The positions of every event this batch will settle (sent, parked or refused): the next
+    /// claim skips them.
+    pub settled: Vec<i64>,
     /// Why the broker refuses the relay, if it did at enqueue.
     refused: Option<String>,
     /// Which rows were sent: what the answers are read against.

@@ -144,11 +144,6 @@ pub(crate) fn wal_confirmed(commit_ms: Option<i64>) {
     metrics::gauge!(SLOT_LAG_SECONDS).set(lag);
 }
 
-/// Records a failed event of the WAL source.
-pub(crate) fn wal_failure(kind: &'static str) {
-    metrics::counter!(FAILURES, "kind" => kind).increment(1);
-}
-
 /// Records a sample of the WAL source's slot: how far behind it is (`None`: no such slot), and
 /// whether a relay reads it.
 pub(crate) fn slot_sampled(lag_bytes: Option<i64>, active: bool) {

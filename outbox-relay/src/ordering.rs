@@ -18,15 +18,12 @@
 //!
 //! Held events are left untouched: a later claim finds them again, in `seq` order.
 
-use crate::row::OutboxRow;
+use crate::row::{Aggregate, OutboxRow};
 use crate::sink::{FailureKind, SinkError};
 use std::collections::HashSet;
 
-/// An aggregate: `(aggregate_type, aggregate_id)`.
-type Aggregate = (String, String);
-
 fn aggregate(row: &OutboxRow) -> Aggregate {
-    (row.aggregate_type.clone(), row.aggregate_id.clone())
+    row.aggregate()
 }
 
 /// Aggregates whose events must not be sent in the next batch (rule 3).
@@ -53,7 +50,8 @@ impl Admission {
 
     /// Whether `row` may be sent now. `false` leaves it untouched, for a later batch.
     pub fn admit(&self, row: &OutboxRow) -> bool {
-        !self.held.contains(&aggregate(row))
+        // Most batches hold nothing: no key is built then.
+        self.held.is_empty() || !self.held.contains(&aggregate(row))
     }
 
     /// `row` was handed to the sink. A retried event goes out alone (rule 2).
@@ -114,20 +112,20 @@ pub(crate) struct Verdicts {
 impl Verdicts {
     /// What becomes of `row`, given the broker's answer for it.
     pub fn verdict(&mut self, row: &OutboxRow, answer: Result<(), SinkError>) -> Verdict {
-        let first_failure = self.failed.insert(aggregate(row));
-        if !first_failure {
+        // Most batches fail nothing: no key is built then.
+        if !self.failed.is_empty() && self.failed.contains(&aggregate(row)) {
             return Verdict::Untouched;
         }
         match answer {
-            Ok(()) => {
-                self.failed.remove(&aggregate(row));
-                Verdict::Published
+            Ok(()) => Verdict::Published,
+            Err(e) => {
+                self.failed.insert(aggregate(row));
+                match e.kind {
+                    FailureKind::Permanent => Verdict::Park(e.message),
+                    FailureKind::Unavailable => Verdict::Untouched,
+                    _ => Verdict::Retry(e.message),
+                }
             }
-            Err(e) => match e.kind {
-                FailureKind::Permanent => Verdict::Park(e.message),
-                FailureKind::Unavailable => Verdict::Untouched,
-                _ => Verdict::Retry(e.message),
-            },
         }
     }
 

@@ -4,7 +4,7 @@ use crate::config::RelayConfig;
 use crate::routing::Router;
 use crate::sink::Sink;
 
-/// The relay's settings, routing and sink, lent to whatever publishes a batch or a stream.
+/// The relay's settings, routing and sink, lent to the pump and the batches it sends.
 pub(crate) struct Outlet<'a> {
     pub config: &'a RelayConfig,
     pub router: &'a Router,

@@ -2,21 +2,20 @@
 //! overlapping the broker's answers. Read top to bottom.
 
 use crate::batch::{Limits, Outcome};
-use crate::config::{Mode, RelayConfig, Source};
+use crate::config::RelayConfig;
 use crate::database::Backend;
 use crate::error::SourceError;
 use crate::in_flight::{Answered, Before, InFlight, answers, send};
+use crate::metrics;
 use crate::ordering::Waiting;
 use crate::outlet::Outlet;
 use crate::pace::Pace;
 use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::Sink;
-use crate::source::table::prune::{self, Pruned};
-use crate::source::table::{OutboxTable, TableSource};
-use crate::source::wal;
+use crate::source::table::OutboxTable;
+use crate::source::{self, Opened, Source};
 use crate::tasks::BackgroundTasks;
-use crate::{metrics, status};
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -105,33 +104,14 @@ impl Relay {
         }
     }
 
-    /// Checks that this relay may publish the database's outbox from its [`Source`]: a polling
+    /// Checks that this relay may publish the database's outbox from its [`Source`](crate::Source): a polling
     /// relay refuses a table that a WAL relay reads (it would publish every event again), and a
     /// WAL relay refuses a database without logical replication or with polling relays running.
     /// The WAL source also creates its publication and slot here, so table-less events recorded
     /// from now on are kept for it. [`run`](Self::run) checks too; call this first to refuse to
     /// start with a clear error.
     pub async fn check_source(&self) -> Result<(), SourceError> {
-        let url = &self.config.database_url;
-        match &self.config.source {
-            Source::Table if self.backend == Backend::Sqlite => Ok(()),
-            Source::Table => {
-                let mut table = OutboxTable::connect(url).await?;
-                let conn = table.postgres().expect("a PostgreSQL URL");
-                let publications = wal::slot::publications(conn).await?;
-                if publications.is_empty() {
-                    Ok(())
-                } else {
-                    Err(SourceError::Refused(wal::slot::polling_refused(
-                        &publications,
-                    )))
-                }
-            }
-            Source::Wal(_) if self.backend == Backend::Sqlite => Err(SourceError::Refused(
-                "the WAL source needs PostgreSQL; SQLite has no logical replication".into(),
-            )),
-            Source::Wal(source) => wal::check(url, source).await,
-        }
+        source::check(&self.config).await
     }
 
     /// Whether the relay can work now: its database answers and its sink reaches the broker, each
@@ -184,40 +164,25 @@ impl Relay {
         }
         // Background work, each on a connection of its own, stopped and awaited before returning.
         let tasks = BackgroundTasks::new(&shutdown);
-        let (url, every) = (
-            self.config.database_url.clone(),
-            self.config.metrics_interval,
-        );
-        if let Source::Wal(source) = &self.config.source {
-            let slot = source.slot.clone();
-            tasks.spawn("slot sampler", move |stop| {
-                status::sample_slot(url, slot, every, stop)
-            });
-            if let Some(retention) = self.config.retention {
-                let (url, every) = (self.config.database_url.clone(), self.config.prune_interval);
-                tasks.spawn("pruner", move |stop| {
-                    prune::prune_periodically(url, Pruned::Read, retention, every, stop)
-                });
-            }
-            wal::run(&self.outlet(), source, &shutdown).await;
-            tasks.stop().await;
-            return;
-        }
-        tasks.spawn("backlog sampler", move |stop| {
-            status::sample_backlog(url, every, stop)
-        });
-        if let (Mode::Mark, Some(retention)) = (self.config.mode, self.config.retention) {
-            let (url, every) = (self.config.database_url.clone(), self.config.prune_interval);
-            tasks.spawn("pruner", move |stop| {
-                prune::prune_periodically(url, Pruned::Published, retention, every, stop)
-            });
-        }
+        source::spawn_background(&self.config, &tasks);
         let mut backoff = self.config.backoff();
+        let mut standby = false;
         while !shutdown.is_cancelled() {
             let mut connected = false;
-            match self.run_connected(&shutdown, &tasks, &mut connected).await {
+            let delay = match self.run_connected(&shutdown, &tasks, &mut connected).await {
                 Ok(()) => break,
+                Err(SourceError::Standby(slot)) => {
+                    if !standby {
+                        tracing::info!(%slot, "standby: another relay reads the slot; taking over when it stops");
+                    }
+                    standby = true;
+                    source::wal::STANDBY_POLL
+                }
                 Err(e) => {
+                    standby = false;
+                    // What was in flight is sent again after the reconnect: what the producer
+                    // still queues must not arrive after those copies.
+                    self.sink.purge();
                     metrics::database_error();
                     // A connection that worked ends the run of failures: the next outage starts
                     // again from the shortest wait, not where the last one left off.
@@ -229,18 +194,19 @@ impl Relay {
                         error = %e, retry_in = ?delay, database = %redact_url(&self.config.database_url),
                         "database unavailable; reconnecting"
                     );
-                    tokio::select! {
-                        () = tokio::time::sleep(delay) => {}
-                        () = shutdown.cancelled() => break,
-                    }
+                    delay
                 }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = shutdown.cancelled() => break,
             }
         }
         tasks.stop().await;
     }
 
-    /// One connection's life: join the replicas, then claim, send and settle until shutdown or a
-    /// database error. Sets `connected` once it runs.
+    /// One connection's life: open the source (join the replicas, or start reading the slot), then
+    /// claim, send and settle until shutdown or a database error. Sets `connected` once it runs.
     ///
     /// The loop is a two-stage pipeline: while the broker answers for the batch in flight, the
     /// database claims the next one; then the answers are read, the new batch is sent, and the
@@ -253,10 +219,10 @@ impl Relay {
         shutdown: &CancellationToken,
         tasks: &BackgroundTasks,
         connected: &mut bool,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), SourceError> {
         // The listener lives as long as this connection: a reconnect drops it and starts another.
         let connection_tasks = tasks.child();
-        let mut source = TableSource::open(&self.config, &connection_tasks).await?;
+        let mut source = Opened::open(&self.config, &connection_tasks).await?;
         tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");
         *connected = true;
         let outlet = self.outlet();
@@ -294,20 +260,21 @@ impl Relay {
             }
             if let Some((until, interruptible)) = pace.wait() {
                 // The batch in flight is settled as soon as its answers are in (above).
+                let until = source.wake_at(until);
                 let answers = async {
                     match in_flight.as_mut() {
                         Some(batch) => batch.read_answers(ack_timeout).await,
                         None => std::future::pending().await,
                     }
                 };
-                let new_rows = async {
+                let new_events = async {
                     if interruptible {
-                        source.new_rows().await;
+                        source.new_events().await;
                     } else {
                         std::future::pending::<()>().await;
                     }
                 };
-                if wait(source.wake_at(until), new_rows, answers, shutdown).await {
+                if wait(until, new_events, answers, shutdown).await {
                     pace.notified();
                 }
                 continue;
@@ -316,7 +283,7 @@ impl Relay {
             // Claim the oldest publishable rows, skipping those of the batch in flight, whose
             // answers may still be coming in.
             let started = std::time::Instant::now();
-            let in_flight_seqs = in_flight.as_ref().map_or(&[][..], |b| &b.settled_seqs);
+            let in_flight_seqs = in_flight.as_ref().map_or(&[][..], |b| &b.settled);
             let claim = source.claim(&self.limits(), in_flight_seqs).await?;
 
             // The batch in flight: a full one, or one whose answers are in, is answered first, and
@@ -367,10 +334,10 @@ impl Relay {
     /// refuses the relay); otherwise poll adaptively.
     async fn settle(
         &self,
-        source: &mut TableSource,
+        source: &mut impl Source,
         answered: Answered,
         pace: &mut Pace,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<(), SourceError> {
         let Answered {
             claimed,
             full,
@@ -431,17 +398,17 @@ fn log_batch(claimed: usize, outcome: &Outcome) {
     }
 }
 
-/// Sleeps until `deadline`, new rows, `answers` done, or shutdown, whichever comes first.
-/// Returns whether new rows were announced.
+/// Sleeps until `deadline`, new events, `answers` done, or shutdown, whichever comes first.
+/// Returns whether new events were announced.
 async fn wait(
     deadline: Instant,
-    new_rows: impl std::future::Future<Output = ()>,
+    new_events: impl std::future::Future<Output = ()>,
     answers: impl std::future::Future<Output = ()>,
     shutdown: &CancellationToken,
 ) -> bool {
     tokio::select! {
         () = tokio::time::sleep_until(deadline) => false,
-        () = new_rows => true,
+        () = new_events => true,
         () = answers => false,
         () = shutdown.cancelled() => false,
     }

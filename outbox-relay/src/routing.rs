@@ -138,6 +138,7 @@ mod tests {
         OutboxRow {
             id: "01939f1c-7b6a-7cc0-8f3e-1a2b3c4d5e6f".into(),
             seq: 7,
+            position: 7,
             aggregate_type: "order".into(),
             aggregate_id: "o-1".into(),
             event_type: "OrderPlaced".into(),
@@ -231,7 +232,7 @@ mod tests {
                 headers in headers(), strict in any::<bool>(),
             ) {
                 let row = OutboxRow {
-                    id, seq: 1, aggregate_type, aggregate_id, event_type, event_version, topic,
+                    id, seq: 1, position: 1, aggregate_type, aggregate_id, event_type, event_version, topic,
                     payload: bytes::Bytes::from_static(b"{}"), headers, attempts: 0,
                     created_ms: None, defect: None, recorded: None,
                 };

@@ -6,6 +6,10 @@
 pub(crate) struct OutboxRow {
     pub id: String,
     pub seq: i64,
+    /// Where the event stands in its source, unique among the events the source has handed out
+    /// and not yet settled: the pump names events by it (which are in flight, which were
+    /// settled). The table's `seq`; for the WAL source, its count of the events it read.
+    pub position: i64,
     pub aggregate_type: String,
     pub aggregate_id: String,
     pub event_type: String,
@@ -37,6 +41,7 @@ impl OutboxRow {
         OutboxRow {
             id: format!("id-{seq}"),
             seq,
+            position: seq,
             aggregate_type: "order".into(),
             aggregate_id: aggregate_id.into(),
             event_type: "OrderPlaced".into(),
@@ -59,13 +64,23 @@ impl OutboxRow {
 pub(crate) struct RowKey {
     pub id: String,
     pub seq: i64,
+    /// The event's [`OutboxRow::position`] in its source.
+    pub position: i64,
 }
 
+/// An aggregate: `(aggregate_type, aggregate_id)`. Its events are published in order.
+pub(crate) type Aggregate = (String, String);
+
 impl OutboxRow {
+    pub fn aggregate(&self) -> Aggregate {
+        (self.aggregate_type.clone(), self.aggregate_id.clone())
+    }
+
     pub fn key(&self) -> RowKey {
         RowKey {
             id: self.id.clone(),
             seq: self.seq,
+            position: self.position,
         }
     }
 }

@@ -1,9 +1,7 @@
 //! `outbox-relay status`: how far behind the relay is.
 
-use crate::metrics;
-use crate::source::table::{OutboxTable, every_tick};
+use crate::source::table::OutboxTable;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// The outbox's backlog, as `outbox-relay status` prints it.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,56 +87,4 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
         oldest_unpublished: oldest_seconds
             .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)),
     })
-}
-
-/// Samples the backlog into its gauges every `every` until `shutdown`.
-pub(crate) async fn sample_backlog(
-    database_url: String,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    every_tick(
-        &database_url,
-        every,
-        shutdown,
-        "sampling the backlog",
-        |table| {
-            Box::pin(async move {
-                let status = status_on(table).await?;
-                metrics::backlog_sampled(status.backlog, status.parked, status.oldest_unpublished);
-                Ok(())
-            })
-        },
-    )
-    .await;
-}
-
-/// Samples the WAL source's slot into its gauges every `every` until `shutdown`.
-pub(crate) async fn sample_slot(
-    database_url: String,
-    slot: String,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    every_tick(
-        &database_url,
-        every,
-        shutdown,
-        "sampling the slot",
-        |table| {
-            let slot = slot.clone();
-            Box::pin(async move {
-                let Some(conn) = table.postgres() else {
-                    return Ok(());
-                };
-                let status = crate::source::wal::slot::status(conn, &slot).await?;
-                metrics::slot_sampled(
-                    status.as_ref().map(|s| s.lag_bytes),
-                    status.is_some_and(|s| s.active),
-                );
-                Ok(())
-            })
-        },
-    )
-    .await;
 }

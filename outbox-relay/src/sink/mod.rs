@@ -219,9 +219,10 @@ pub trait Sink: Send + Sync {
     }
 
     /// Drops what the client still queues and has not sent, answering it with an error. The relay
-    /// calls it when it stops sending after a failure and will send those events again: a purged
-    /// message is not delivered late, after its own re-sent copy and what follows. The default
-    /// does nothing (a sink without a local queue has nothing to drop).
+    /// calls it when it lost its source (the database) with events in flight, which it will send
+    /// again once reconnected: a purged message is not delivered late, after its own re-sent copy
+    /// and what follows. The default does nothing (a sink without a local queue has nothing to
+    /// drop).
     fn purge(&self) {}
 
     /// Whether the sink needs a moment with nothing in flight. The relay then reads every answer

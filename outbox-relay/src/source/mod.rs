@@ -1,5 +1,142 @@
 //! Where the events come from: the outbox table, claimed batch by batch (`table`), or the
-//! write-ahead log, read through logical replication (`wal`).
+//! write-ahead log, read through logical replication (`wal`). Each implements [`Source`], the one
+//! interface the pump (`relay.rs`) drives; [`Opened`] is the source a relay's configuration names.
 
+pub(crate) mod interface;
 pub(crate) mod table;
 pub mod wal;
+
+use crate::batch::{Claim, Limits, Outcome};
+use crate::config::{self, Mode, RelayConfig};
+use crate::database::Backend;
+use crate::error::SourceError;
+use crate::tasks::BackgroundTasks;
+use table::prune::{self, Pruned};
+use table::{OutboxTable, TableSource};
+use tokio::time::Instant;
+use wal::WalStream;
+
+pub(crate) use interface::Source;
+
+/// The source a relay's configuration names, opened on its own connections.
+pub(crate) enum Opened {
+    Table(TableSource),
+    Wal(Box<WalStream>),
+}
+
+impl Opened {
+    /// Connects the configured source; its connection-bound work (the table's listener) runs as
+    /// one of `tasks`.
+    pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, SourceError> {
+        Ok(match &config.source {
+            config::Source::Table => Opened::Table(TableSource::open(config, tasks).await?),
+            config::Source::Wal(source) => {
+                Opened::Wal(Box::new(WalStream::open(config, source).await?))
+            }
+        })
+    }
+}
+
+impl Source for Opened {
+    async fn claim(&mut self, limits: &Limits, in_flight: &[i64]) -> Result<Claim, SourceError> {
+        match self {
+            Opened::Table(source) => source.claim(limits, in_flight).await,
+            Opened::Wal(source) => source.claim(limits, in_flight).await,
+        }
+    }
+
+    async fn settle(&mut self, outcome: &Outcome) -> Result<(), SourceError> {
+        match self {
+            Opened::Table(source) => source.settle(outcome).await,
+            Opened::Wal(source) => source.settle(outcome).await,
+        }
+    }
+
+    async fn new_events(&mut self) {
+        match self {
+            Opened::Table(source) => source.new_events().await,
+            Opened::Wal(source) => source.new_events().await,
+        }
+    }
+
+    fn wake_at(&self, until: Instant) -> Instant {
+        match self {
+            Opened::Table(source) => source.wake_at(until),
+            Opened::Wal(source) => source.wake_at(until),
+        }
+    }
+
+    fn rebalance_due(&self) -> bool {
+        match self {
+            Opened::Table(source) => source.rebalance_due(),
+            Opened::Wal(source) => source.rebalance_due(),
+        }
+    }
+
+    async fn rebalance(&mut self) -> Result<(), SourceError> {
+        match self {
+            Opened::Table(source) => source.rebalance().await,
+            Opened::Wal(source) => source.rebalance().await,
+        }
+    }
+
+    async fn leave(self) -> Result<(), SourceError> {
+        match self {
+            Opened::Table(source) => source.leave().await,
+            Opened::Wal(source) => source.leave().await,
+        }
+    }
+}
+
+/// Checks that the relay may publish the database's outbox from its configured source; see
+/// [`Relay::check_source`](crate::Relay::check_source).
+pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
+    let url = &config.database_url;
+    let backend = Backend::of(url);
+    match &config.source {
+        config::Source::Table if backend == Backend::Sqlite => Ok(()),
+        config::Source::Table => {
+            let mut table = OutboxTable::connect(url).await?;
+            let conn = table.postgres().expect("a PostgreSQL URL");
+            let publications = wal::slot::publications(conn).await?;
+            if publications.is_empty() {
+                Ok(())
+            } else {
+                Err(SourceError::Refused(wal::slot::polling_refused(
+                    &publications,
+                )))
+            }
+        }
+        config::Source::Wal(_) if backend == Backend::Sqlite => Err(SourceError::Refused(
+            "the WAL source needs PostgreSQL; SQLite has no logical replication".into(),
+        )),
+        config::Source::Wal(source) => wal::check(url, source).await,
+    }
+}
+
+/// Starts the source's background work, each on a connection of its own: sampling its backlog
+/// (the table's unpublished rows, or the slot's lag) and pruning what it published.
+pub(crate) fn spawn_background(config: &RelayConfig, tasks: &BackgroundTasks) {
+    let (url, every) = (config.database_url.clone(), config.metrics_interval);
+    let pruned = match &config.source {
+        config::Source::Table => {
+            tasks.spawn("backlog sampler", move |stop| {
+                table::backlog::sample_backlog(url, every, stop)
+            });
+            (config.mode == Mode::Mark).then_some(Pruned::Published)
+        }
+        config::Source::Wal(source) => {
+            let slot = source.slot.clone();
+            tasks.spawn("slot sampler", move |stop| {
+                wal::slot::sample_slot(url, slot, every, stop)
+            });
+            Some(Pruned::Read)
+        }
+    };
+    if let (Some(pruned), Some(retention)) = (pruned, config.retention) {
+        let (url, every) = (config.database_url.clone(), config.prune_interval);
+        tasks.spawn("pruner", move |stop| {
+            prune::prune_periodically(url, pruned, retention, every, stop)
+        });
+    }
+}

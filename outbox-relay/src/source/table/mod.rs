@@ -8,6 +8,7 @@
 //! tables). No row lock is needed: on PostgreSQL the replica's shard leases make it the only
 //! publisher of its rows (`leases.rs`), and SQLite allows one relay per database.
 
+pub(crate) mod backlog;
 pub(crate) mod leases;
 mod postgres;
 pub(crate) mod prune;
@@ -15,11 +16,12 @@ mod read;
 mod sqlite;
 pub mod wakeup;
 
-use crate::batch::{Limits, Outcome};
+use crate::batch::{Claim, Limits, Outcome};
 use crate::config::{RelayConfig, Wakeup};
 use crate::database::{Backend, connect_postgres};
+use crate::error::SourceError;
 use crate::metrics;
-use crate::row::OutboxRow;
+use crate::source::interface::Source;
 use crate::tasks::BackgroundTasks;
 use futures::future::BoxFuture;
 use leases::Leases;
@@ -33,9 +35,7 @@ pub use crate::config::Mode;
 pub use postgres::{PG_CLAIM, PG_SESSION};
 
 /// One connection's life of the table source: the connection that claims and settles, the shard
-/// leases it holds (PostgreSQL), and the wake-ups on new rows (`--wakeup notify`). The pump drives
-/// it: [`claim`](Self::claim), then [`settle`](Self::settle) what the broker answered, and
-/// between batches [`rebalance`](Self::rebalance) when [`rebalance_due`](Self::rebalance_due).
+/// leases it holds (PostgreSQL), and the wake-ups on new rows (`--wakeup notify`).
 pub(crate) struct TableSource {
     table: OutboxTable,
     leases: Option<Leases>,
@@ -65,17 +65,51 @@ impl TableSource {
             hold_parked: !config.skip_parked,
         })
     }
+}
+
+impl Source for TableSource {
+    /// Claims the oldest publishable rows of this replica's shards (all rows on SQLite, which
+    /// allows one relay), skipping the rows in flight (by `seq`, their position), whose answers
+    /// may still come.
+    async fn claim(&mut self, limits: &Limits, in_flight: &[i64]) -> Result<Claim, SourceError> {
+        let shards = self.leases.as_ref().map_or(&[0][..], Leases::held);
+        Ok(self
+            .table
+            .claim(limits, shards, self.hold_parked, in_flight)
+            .await?)
+    }
+
+    /// Writes what became of a batch, in one short transaction.
+    async fn settle(&mut self, outcome: &Outcome) -> Result<(), SourceError> {
+        Ok(self.table.settle(outcome, self.mode).await?)
+    }
+
+    /// Resolves when a transaction inserted into the outbox (never without `--wakeup notify`).
+    async fn new_events(&mut self) {
+        match &self.wakeups {
+            Some(notify) => notify.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// `until`, or the next lease refresh if that comes first.
+    fn wake_at(&self, until: tokio::time::Instant) -> tokio::time::Instant {
+        match &self.leases {
+            Some(leases) => until.min(tokio::time::Instant::from_std(leases.next_refresh())),
+            None => until,
+        }
+    }
 
     /// Whether the shards should be rebalanced now: then the pump settles what it has in flight
     /// first, so a lease moves only after its owner committed its last batch.
-    pub fn rebalance_due(&self) -> bool {
+    fn rebalance_due(&self) -> bool {
         self.leases
             .as_ref()
             .is_some_and(|l| l.due(std::time::Instant::now()))
     }
 
     /// Takes and releases shards towards this replica's fair share (nothing in flight).
-    pub async fn rebalance(&mut self) -> Result<(), sqlx::Error> {
+    async fn rebalance(&mut self) -> Result<(), SourceError> {
         if let (Some(leases), Some(conn)) = (&mut self.leases, self.table.postgres()) {
             leases.refresh(conn).await?;
             metrics::shards(leases.held().len());
@@ -83,42 +117,8 @@ impl TableSource {
         Ok(())
     }
 
-    /// Claims the oldest publishable rows of this replica's shards (all rows on SQLite, which
-    /// allows one relay), skipping the rows in flight (by `seq`), whose answers may still come.
-    pub async fn claim(
-        &mut self,
-        limits: &Limits,
-        in_flight: &[i64],
-    ) -> Result<Claim, sqlx::Error> {
-        let shards = self.leases.as_ref().map_or(&[0][..], Leases::held);
-        self.table
-            .claim(limits, shards, self.hold_parked, in_flight)
-            .await
-    }
-
-    /// Writes what became of a batch, in one short transaction.
-    pub async fn settle(&mut self, outcome: &Outcome) -> Result<(), sqlx::Error> {
-        self.table.settle(outcome, self.mode).await
-    }
-
-    /// `until`, or the next lease refresh if that comes first.
-    pub fn wake_at(&self, until: tokio::time::Instant) -> tokio::time::Instant {
-        match &self.leases {
-            Some(leases) => until.min(tokio::time::Instant::from_std(leases.next_refresh())),
-            None => until,
-        }
-    }
-
-    /// Resolves when a transaction inserted into the outbox (never without `--wakeup notify`).
-    pub async fn new_rows(&self) {
-        match &self.wakeups {
-            Some(notify) => notify.notified().await,
-            None => std::future::pending().await,
-        }
-    }
-
     /// Leaves the replicas, releasing this replica's shards at once (nothing in flight).
-    pub async fn leave(mut self) -> Result<(), sqlx::Error> {
+    async fn leave(mut self) -> Result<(), SourceError> {
         if let (Some(leases), Some(conn)) = (self.leases.take(), self.table.postgres()) {
             leases.leave(conn).await?;
         }
@@ -131,14 +131,6 @@ impl TableSource {
 pub(crate) enum OutboxTable {
     Postgres(PgConnection),
     Sqlite(SqliteConnection),
-}
-
-/// Rows claimed for one batch.
-pub(crate) struct Claim {
-    pub rows: Vec<OutboxRow>,
-    /// Whether the claim stopped at a limit (rows or bytes) with more rows waiting: the relay
-    /// claims again at once.
-    pub full: bool,
 }
 
 impl OutboxTable {

@@ -50,6 +50,7 @@ impl OutboxRow {
         OutboxRow {
             id,
             seq,
+            position: seq,
             aggregate_type,
             aggregate_id,
             event_type,

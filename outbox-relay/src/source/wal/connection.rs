@@ -1,9 +1,9 @@
 //! The WAL source's two connections to PostgreSQL: a plain one (slot, publication, parking) and
 //! the replication stream, both from the relay's database URL.
 
-use super::Stop;
 use crate::config::WalSource;
 use crate::database::postgres_options;
+use crate::error::SourceError;
 use pgwire_replication::{ReplicationConfig, TlsConfig};
 use sqlx::postgres::PgSslMode;
 use std::time::Duration;
@@ -14,9 +14,13 @@ use std::time::Duration;
 /// `password` parameter, else `PGPASSWORD`) and the certificate paths (`sslrootcert` or
 /// `PGSSLROOTCERT`, `sslcert`, `sslkey`), which sqlx does not hand back, from the URL. `prefer`
 /// and `allow` mean no TLS here: the replication client cannot fall back (see issue #25).
-pub(super) fn replication_config(url: &str, source: &WalSource) -> Result<ReplicationConfig, Stop> {
+pub(super) fn replication_config(
+    url: &str,
+    source: &WalSource,
+) -> Result<ReplicationConfig, SourceError> {
     let (options, _) = postgres_options(url)?;
-    let parsed = url::Url::parse(url).map_err(|e| Stop::Stream(format!("database URL: {e}")))?;
+    let parsed =
+        url::Url::parse(url).map_err(|e| SourceError::Refused(format!("database URL: {e}")))?;
     let query = |name: &str| {
         parsed
             .query_pairs()

@@ -15,7 +15,7 @@
 
 use super::event::{from_recorded, table_id};
 use crate::batch::Limits;
-use crate::row::OutboxRow;
+use crate::row::{Aggregate, OutboxRow};
 use bytes::Bytes;
 use sqlx::PgConnection;
 use std::collections::HashSet;
@@ -25,16 +25,13 @@ use std::collections::HashSet;
 /// `[aggregate_type, aggregate_id]` pairs).
 pub(crate) const RELEASE_PREFIX: &str = "outbox-release";
 
-/// An aggregate: its type and id.
-pub(super) type Aggregate = (String, String);
-
-pub(super) fn aggregate(row: &OutboxRow) -> Aggregate {
-    (row.aggregate_type.clone(), row.aggregate_id.clone())
-}
-
 /// The aggregates whose events are held behind a parked one.
 pub(super) struct Parked {
+    /// Aggregates with a parked event: their events read from the stream are held.
     held: HashSet<Aggregate>,
+    /// Aggregates whose release ran into a failure (an event it released was parked again): their
+    /// other released events stay held.
+    released_then_parked: HashSet<Aggregate>,
     skip_parked: bool,
 }
 
@@ -53,19 +50,38 @@ impl Parked {
             .into_iter()
             .collect()
         };
-        Ok(Parked { held, skip_parked })
+        Ok(Parked {
+            held,
+            released_then_parked: HashSet::new(),
+            skip_parked,
+        })
     }
 
-    /// Asked of every event read: free while nothing is held (no key is built).
-    pub fn is_holding(&self, row: &OutboxRow) -> bool {
-        !self.held.is_empty() && self.held.contains(&aggregate(row))
+    /// Whether an event must wait behind a parked one of its aggregate: an event read from the
+    /// stream while its aggregate is held, or one released from the table (`kept`) after an
+    /// earlier one of the same release was parked again. Free while nothing is held.
+    pub fn is_holding(&self, row: &OutboxRow, kept: bool) -> bool {
+        let held = if kept {
+            &self.released_then_parked
+        } else {
+            &self.held
+        };
+        !held.is_empty() && held.contains(&row.aggregate())
     }
 
     /// An event of `row`'s aggregate was parked: its later events wait (not with `skip_parked`).
-    pub fn hold(&mut self, row: &OutboxRow) {
+    pub fn hold(&mut self, row: &OutboxRow, kept: bool) {
         if !self.skip_parked {
-            self.held.insert(aggregate(row));
+            self.held.insert(row.aggregate());
+            if kept {
+                self.released_then_parked.insert(row.aggregate());
+            }
         }
+    }
+
+    /// A release of `aggregate` starts: what it reads from the table goes out in order.
+    pub fn releasing(&mut self, aggregate: &Aggregate) {
+        self.released_then_parked.remove(aggregate);
     }
 
     /// What a release found: whether the aggregate is still held (it reached a parked event).
@@ -86,11 +102,10 @@ pub(super) async fn keep(
     row: &OutboxRow,
     reason: Option<&str>,
 ) -> Result<(), sqlx::Error> {
-    match reason {
-        Some(reason) => tracing::warn!(event_id = %row.id, aggregate_type = %row.aggregate_type,
-                                       aggregate_id = %row.aggregate_id, reason, "parked an event"),
-        None => tracing::debug!(event_id = %row.id, aggregate_type = %row.aggregate_type,
-                                aggregate_id = %row.aggregate_id, "holding an event behind a parked one"),
+    // The pump logged a park already.
+    if reason.is_none() {
+        tracing::debug!(event_id = %row.id, aggregate_type = %row.aggregate_type,
+                        aggregate_id = %row.aggregate_id, "holding an event behind a parked one");
     }
     // A table-less event's bytes are all in `recorded`: `payload` (jsonb) and `headers` may not
     // hold them as they are. A table row exists already; its values only matter if it was pruned.
@@ -143,7 +158,6 @@ pub(super) async fn parked_again(
     seq: i64,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    tracing::warn!(seq, reason, "parked a released event again");
     sqlx::query(
         "UPDATE outbox SET parked_at = now(), held_at = NULL, last_error = $2,
                            attempts = attempts + 1

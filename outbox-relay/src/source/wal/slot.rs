@@ -6,7 +6,7 @@
 //! table the WAL relay reads again (the WAL source never marks rows), so each refuses to start
 //! while the other is in place.
 
-use super::WalSource;
+use crate::config::WalSource;
 use sqlx::PgConnection;
 
 /// Why the WAL source cannot start as configured. Retrying does not help; an operator must act.
@@ -230,4 +230,34 @@ pub(crate) async fn drop_source(
         dropped.push(format!("publication {}", source.publication));
     }
     Ok(dropped)
+}
+
+/// Samples the slot into its gauges every `every` until `shutdown`.
+pub(crate) async fn sample_slot(
+    database_url: String,
+    slot: String,
+    every: std::time::Duration,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    crate::source::table::every_tick(
+        &database_url,
+        every,
+        shutdown,
+        "sampling the slot",
+        |table| {
+            let slot = slot.clone();
+            Box::pin(async move {
+                let Some(conn) = table.postgres() else {
+                    return Ok(());
+                };
+                let status = status(conn, &slot).await?;
+                crate::metrics::slot_sampled(
+                    status.as_ref().map(|s| s.lag_bytes),
+                    status.is_some_and(|s| s.active),
+                );
+                Ok(())
+            })
+        },
+    )
+    .await;
 }
