@@ -5,11 +5,11 @@
 //! time per event and peak memory.
 
 use crate::latency::{self, Percentiles, Times};
+use crate::processes::{PerEvent, Processes};
 use crate::setup;
+use crate::topic::{self, Count};
 use outbox_tests::debezium;
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message, Timestamp};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -20,6 +20,8 @@ use uuid::Uuid;
 pub struct Results {
     pub drain: f64,
     pub cpu_us_per_event: f64,
+    /// CPU per event of the worker, PostgreSQL and Kafka over the drain.
+    pub cpu: PerEvent,
     pub peak_rss_mib: f64,
     pub latency: Vec<Percentiles>,
 }
@@ -42,7 +44,7 @@ impl Connector {
             .expect("schema");
         let name = format!("bench_dbz_{}", Uuid::now_v7().simple());
         let topic = format!("{name}.order");
-        create_topic(brokers, &topic).await;
+        topic::create(brokers, &topic).await;
         debezium::put(&name, &debezium::config(&schema, &name));
         let connector = Connector {
             name,
@@ -83,37 +85,10 @@ impl Connector {
         }
     }
 
-    /// Messages in the topic so far.
-    fn published(&self) -> usize {
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .create()
-            .expect("consumer");
-        let metadata = consumer
-            .fetch_metadata(Some(&self.topic), Duration::from_secs(10))
-            .expect("metadata");
-        metadata.topics()[0]
-            .partitions()
-            .iter()
-            .map(|p| {
-                let (low, high) = consumer
-                    .fetch_watermarks(&self.topic, p.id(), Duration::from_secs(10))
-                    .expect("watermarks");
-                (high - low) as usize
-            })
-            .sum()
-    }
-
     async fn wait_published(&self, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(900);
-        while self.published() < count {
-            assert!(
-                Instant::now() < deadline,
-                "Debezium published {} of {count} events in 15 minutes",
-                self.published()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        Count::new(&self.brokers, &self.topic)
+            .wait_for(count, Duration::from_secs(900), "Debezium")
+            .await;
     }
 
     async fn remove(self) {
@@ -148,23 +123,6 @@ impl Connector {
     }
 }
 
-async fn create_topic(brokers: &str, topic: &str) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("admin client");
-    // The broker's partition count, as the relay's auto-created topics get.
-    let new = NewTopic::new(topic, -1, TopicReplication::Fixed(1))
-        .set("message.timestamp.type", "LogAppendTime");
-    for result in admin
-        .create_topics([&new], &AdminOptions::new())
-        .await
-        .expect("create topic")
-    {
-        result.expect("topic created");
-    }
-}
-
 /// Warm-up, then the drain of `events` retained while stopped, then latency at each rate.
 pub async fn measure(
     base_url: &str,
@@ -186,22 +144,24 @@ pub async fn measure(
     debezium::stop(&connector.name);
     connector.wait_for(false).await;
     setup::fill(&connector.db, events, aggregates).await;
-    let cpu_before = crate::drain::cpu_seconds(pid);
+    let processes = Processes::find(&connector.db.pool).await;
+    let before = processes.cpu(pid);
     let started = Instant::now();
     debezium::resume(&connector.name);
     connector.wait_published(warm_up + events).await;
     let drain = events as f64 / started.elapsed().as_secs_f64();
-    let cpu_us_per_event = (crate::drain::cpu_seconds(pid) - cpu_before) * 1e6 / events as f64;
+    let cpu = PerEvent::between(before, processes.cpu(pid), events);
 
     let mut latency = Vec::new();
     for &rate in rates {
         latency.push(measure_latency(&connector, rate, seconds).await);
     }
-    let peak_rss_mib = crate::drain::peak_rss_mib(pid);
+    let peak_rss_mib = crate::processes::peak_rss_mib(pid);
     connector.remove().await;
     Results {
         drain,
-        cpu_us_per_event,
+        cpu_us_per_event: cpu.publisher_us,
+        cpu,
         peak_rss_mib,
         latency,
     }
@@ -230,7 +190,7 @@ async fn measure_latency(connector: &Connector, rate: usize, seconds: u64) -> Pe
     let committed: Times = Default::default();
     // Instants to wall-clock milliseconds, through one pair taken now.
     let (base_instant, base_wall) = (Instant::now(), SystemTime::now());
-    let expected_before = connector.published();
+    let expected_before = Count::new(&connector.brokers, &connector.topic).messages();
     let achieved = latency::write_at_rate(&connector.db.url, rate, seconds, &committed).await;
     let broker_gc = crate::broker_gc::between(base_wall, SystemTime::now());
     let total = committed.lock().unwrap().len();

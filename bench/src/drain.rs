@@ -114,6 +114,26 @@ pub async fn wal_resources(
     resources
 }
 
+/// `outbox-relay run` on `database_url`, publishing to Kafka under `topic_template`, without the
+/// HTTP endpoints or pruning: how the benchmark runs the binary.
+pub fn relay_args(database_url: &str, brokers: &str, topic_template: &str) -> Vec<String> {
+    [
+        "run",
+        "--database-url",
+        database_url,
+        "--kafka-brokers",
+        brokers,
+        "--http-addr",
+        "off",
+        "--retention",
+        "off",
+        "--topic-template",
+        topic_template,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 enum DrainedWhen {
     TableEmpty,
     /// The slot confirmed this WAL position (bytes from 0/0); it is reported within a second.
@@ -129,22 +149,9 @@ async fn measure_binary(
     drained: DrainedWhen,
 ) -> Resources {
     let started = Instant::now();
+    let topics = format!("bench-res-{}.{{aggregate_type}}", Uuid::now_v7().simple());
     let mut child = Command::new(relay_bin)
-        .args([
-            "run",
-            "--database-url",
-            &db.url,
-            "--kafka-brokers",
-            brokers,
-            "--http-addr",
-            "off",
-        ])
-        .args([
-            "--retention",
-            "off",
-            "--topic-template",
-            &format!("bench-res-{}.{{aggregate_type}}", Uuid::now_v7().simple()),
-        ])
+        .args(relay_args(&db.url, brokers, &topics))
         .args(extra)
         .env("OUTBOX_LOG", "warn")
         .stdout(Stdio::null())
@@ -167,7 +174,10 @@ async fn measure_binary(
         },
     }
     let elapsed = started.elapsed();
-    let (cpu, peak_rss_mib) = (cpu_seconds(child.id()), peak_rss_mib(child.id()));
+    let (cpu, peak_rss_mib) = (
+        crate::processes::cpu_seconds(child.id()),
+        crate::processes::peak_rss_mib(child.id()),
+    );
     let _ = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status();
@@ -177,40 +187,4 @@ async fn measure_binary(
         peak_rss_mib,
         events_per_second: events as f64 / elapsed.as_secs_f64(),
     }
-}
-
-/// The CPU time (user and system) process `pid` has used so far, in seconds.
-pub fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc stat");
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .collect();
-    // utime and stime, fields 14 and 15 of stat (11 and 12 after the command name).
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    let hz: f64 = String::from_utf8(
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap_or(100.0);
-    ticks / hz
-}
-
-/// The peak resident memory of process `pid` so far (VmHWM), in MiB.
-pub fn peak_rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let hwm_kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0.0);
-    hwm_kib / 1024.0
 }

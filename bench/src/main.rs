@@ -4,15 +4,19 @@
 //! It prints a markdown table and writes the numbers as JSON. Ratios measured in the same run are
 //! the headline; absolute rates depend on the machine.
 
+mod as_run;
 mod broker_gc;
 mod debezium;
 mod drain;
 mod latency;
 mod limits;
+mod null_wal;
+mod processes;
 mod pulsar;
 mod record_cost;
 mod report;
 mod setup;
+mod topic;
 mod wal;
 
 use clap::Parser;
@@ -42,7 +46,7 @@ struct Args {
     #[arg(long)]
     relay_bin: Option<PathBuf>,
     /// Run only these parts (repeat): limits, drain, latency, record, resources, pulsar, wal,
-    /// debezium.
+    /// debezium, as-run.
     #[arg(long, value_enum)]
     only: Vec<Part>,
 }
@@ -57,6 +61,8 @@ enum Part {
     Pulsar,
     Wal,
     Debezium,
+    /// The relay binary as users run it, beside the null WAL pipeline and Debezium.
+    AsRun,
 }
 
 /// How much work each part does.
@@ -67,6 +73,8 @@ struct Scale {
     rates: &'static [usize],
     latency_seconds: u64,
     record_iterations: usize,
+    /// Rounds of the as-run drains, interleaved.
+    rounds: usize,
 }
 
 const AGGREGATES: usize = 1000;
@@ -82,6 +90,7 @@ async fn main() {
             rates: &[200],
             latency_seconds: 1,
             record_iterations: 20,
+            rounds: 1,
         }
     } else {
         Scale {
@@ -91,6 +100,7 @@ async fn main() {
             rates: &[1000, 5000],
             latency_seconds: 10,
             record_iterations: 2000,
+            rounds: 2,
         }
     };
     let (db, kafka) = (args.database_url.as_str(), args.kafka_brokers.as_str());
@@ -195,11 +205,7 @@ async fn main() {
 
     if run(Part::Resources) {
         eprintln!("relay resources...");
-        let relay_bin = args.relay_bin.clone().unwrap_or_else(|| {
-            std::env::current_exe()
-                .unwrap()
-                .with_file_name("outbox-relay")
-        });
+        let relay_bin = relay_bin(&args);
         report.resources =
             Some(drain::resources(&relay_bin, db, kafka, scale.events, AGGREGATES).await);
     }
@@ -216,13 +222,29 @@ async fn main() {
             let rate = wal::drain(db, kafka, scale.events, AGGREGATES, backlog).await;
             report.wal_drain.push((name.to_owned(), rate));
         }
-        let relay_bin = args.relay_bin.clone().unwrap_or_else(|| {
-            std::env::current_exe()
-                .unwrap()
-                .with_file_name("outbox-relay")
-        });
+        let relay_bin = relay_bin(&args);
         report.wal_resources =
             Some(drain::wal_resources(&relay_bin, db, kafka, scale.events, AGGREGATES).await);
+    }
+
+    if run(Part::AsRun) {
+        eprintln!("as users run it...");
+        let relay_bin = relay_bin(&args);
+        for _ in 0..scale.rounds {
+            for setting in [
+                as_run::Setting::Polling(Mode::Mark, 500),
+                as_run::Setting::Polling(Mode::Delete, 1000),
+                as_run::Setting::Wal(wal::Backlog::Rows),
+                as_run::Setting::Wal(wal::Backlog::Messages),
+            ] {
+                let drained =
+                    as_run::drain(&relay_bin, db, kafka, scale.events, AGGREGATES, setting).await;
+                report.as_run.push(drained);
+            }
+            report
+                .as_run
+                .push(null_wal::drain(db, kafka, scale.events, AGGREGATES).await);
+        }
     }
 
     if run(Part::Debezium) {
@@ -245,6 +267,12 @@ async fn main() {
         for p in results.latency {
             report.add_latency("Debezium, to the broker's append time", p);
         }
+        report.as_run.push(as_run::Drained {
+            name: "Debezium".into(),
+            events_per_second: results.drain,
+            cpu: results.cpu,
+            peak_rss_mib: results.peak_rss_mib,
+        });
         report.debezium_resources = Some(drain::Resources {
             cpu_us_per_event: results.cpu_us_per_event,
             peak_rss_mib: results.peak_rss_mib,
@@ -259,8 +287,26 @@ async fn main() {
             .as_deref()
             .expect("the pulsar part needs --pulsar-url or PULSAR_URL (scripts/bench starts one)");
         let batch = 500;
-        let raw = pulsar::raw_producer(url, scale.events, AGGREGATES, batch).await;
-        let relay = pulsar::drain(db, url, scale.events, AGGREGATES, batch).await;
+        // A stalled Pulsar fails the run with a message instead of holding it (and CI) forever.
+        let within = |what: &'static str| {
+            move |result: Result<f64, tokio::time::error::Elapsed>| {
+                result
+                    .unwrap_or_else(|_| panic!("{what} did not finish in 5 minutes: is Pulsar up?"))
+            }
+        };
+        let limit = std::time::Duration::from_secs(300);
+        let raw = tokio::time::timeout(
+            limit,
+            pulsar::raw_producer(url, scale.events, AGGREGATES, batch),
+        )
+        .await;
+        let raw = within("the raw Pulsar producer")(raw);
+        let relay = tokio::time::timeout(
+            limit,
+            pulsar::drain(db, url, scale.events, AGGREGATES, batch),
+        )
+        .await;
+        let relay = within("the relay's Pulsar drain")(relay);
         report.pulsar = Some(report::PulsarRow {
             batch,
             raw_producer: raw,
@@ -268,8 +314,18 @@ async fn main() {
         });
     }
 
+    setup::drop_all(db).await;
     println!("{}", report.markdown());
     std::fs::write(&args.json, report.json())
         .unwrap_or_else(|e| panic!("write {}: {e}", args.json.display()));
     eprintln!("results written to {}", args.json.display());
+}
+
+/// The outbox-relay binary to measure: `--relay-bin`, or the one beside this one.
+fn relay_bin(args: &Args) -> PathBuf {
+    args.relay_bin.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .unwrap()
+            .with_file_name("outbox-relay")
+    })
 }

@@ -1,5 +1,6 @@
 //! The results: a markdown table for people, JSON for machines.
 
+use crate::as_run::Drained;
 use crate::drain::Resources;
 use crate::latency::Percentiles;
 use seaorm_outbox_relay::Mode;
@@ -57,6 +58,9 @@ pub struct Report {
     pub record_cost: Vec<(String, f64)>,
     pub resources: Option<Resources>,
     pub pulsar: Option<PulsarRow>,
+    /// Drains as users run them (the relay binary), the null WAL pipeline and Debezium, each
+    /// publisher once per round.
+    pub as_run: Vec<Drained>,
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -107,6 +111,7 @@ impl Report {
             record_cost: Vec::new(),
             resources: None,
             pulsar: None,
+            as_run: Vec::new(),
         }
     }
 
@@ -240,6 +245,9 @@ impl Report {
                 r.events_per_second, r.cpu_us_per_event, r.peak_rss_mib
             );
         }
+        if !self.as_run.is_empty() {
+            out.push_str(&self.as_run_table());
+        }
         if let Some(p) = &self.pulsar {
             let _ = writeln!(out, "\n### Pulsar (1 replica, batch {}, mark)\n", p.batch);
             let _ = writeln!(
@@ -291,6 +299,11 @@ impl Report {
             "pulsar": self.pulsar.as_ref().map(|p| json!({
                 "batch": p.batch, "raw_producer": p.raw_producer, "relay": p.relay,
             })),
+            "as_run": self.as_run.iter().map(|d| json!({
+                "publisher": d.name, "events_per_second": d.events_per_second,
+                "publisher_cpu_us_per_event": d.cpu.publisher_us, "postgres_cpu_us_per_event": d.cpu.postgres_us,
+                "kafka_cpu_us_per_event": d.cpu.kafka_us, "peak_rss_mib": d.peak_rss_mib,
+            })).collect::<Vec<_>>(),
             "wal_drain": self.wal_drain.iter().map(|(w, v)| json!({ "backlog": w, "events_per_second": v })).collect::<Vec<_>>(),
             "wal_relay_binary": self.wal_resources.as_ref().map(|r| json!({
                 "events_per_second": r.events_per_second, "cpu_us_per_event": r.cpu_us_per_event, "peak_rss_mib": r.peak_rss_mib,
@@ -303,5 +316,80 @@ impl Report {
             })),
         });
         serde_json::to_string_pretty(&value).unwrap()
+    }
+}
+
+impl Report {
+    /// The drains as users run them: one row per publisher, its rounds side by side, the ratios to
+    /// Debezium and to the null WAL pipeline from the same run, and the CPU each event cost where.
+    fn as_run_table(&self) -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for d in &self.as_run {
+            if !names.contains(&d.name.as_str()) {
+                names.push(&d.name);
+            }
+        }
+        let rounds = |name: &str| -> Vec<&Drained> {
+            self.as_run.iter().filter(|d| d.name == name).collect()
+        };
+        let mean = |name: &str| -> Option<f64> {
+            let r = rounds(name);
+            (!r.is_empty())
+                .then(|| r.iter().map(|d| d.events_per_second).sum::<f64>() / r.len() as f64)
+        };
+        let debezium = mean("Debezium");
+        let null_wal = self
+            .as_run
+            .iter()
+            .find(|d| d.name.starts_with("null WAL"))
+            .and_then(|d| mean(&d.name));
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "\n### As users run it: drains counted on the topic, CPU per event where it was spent\n"
+        );
+        let _ = writeln!(
+            out,
+            "The relay is the `outbox-relay` binary as a process; events are counted on the topic (the \
+             broker's log end offsets), from the publisher's start to the last event. Rounds are \
+             interleaved; ratios are of the rounds' means.\n"
+        );
+        let _ = writeln!(
+            out,
+            "| publisher | events/s, each round | / Debezium | / null WAL pipeline | publisher µs/event | PostgreSQL µs/event | Kafka µs/event | peak memory MiB |"
+        );
+        let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for name in names {
+            let r = rounds(name);
+            let rates: Vec<String> = r
+                .iter()
+                .map(|d| format!("{:.0}", d.events_per_second))
+                .collect();
+            let avg = |f: &dyn Fn(&Drained) -> Option<f64>| -> String {
+                let values: Vec<f64> = r.iter().filter_map(|d| f(d)).collect();
+                if values.is_empty() {
+                    "–".to_owned()
+                } else {
+                    format!("{:.1}", values.iter().sum::<f64>() / values.len() as f64)
+                }
+            };
+            let ratio = |to: Option<f64>| {
+                mean(name)
+                    .zip(to)
+                    .map_or("–".to_owned(), |(v, to)| format!("{:.2}", v / to))
+            };
+            let _ = writeln!(
+                out,
+                "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+                rates.join(" / "),
+                ratio(debezium),
+                ratio(null_wal),
+                avg(&|d| Some(d.cpu.publisher_us)),
+                avg(&|d| Some(d.cpu.postgres_us)),
+                avg(&|d| d.cpu.kafka_us),
+                avg(&|d| Some(d.peak_rss_mib)),
+            );
+        }
+        out
     }
 }

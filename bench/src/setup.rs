@@ -12,8 +12,12 @@ pub struct Db {
     pub pool: PgPool,
 }
 
+/// The schemas this run created, dropped at its end ([`drop_all`]).
+static CREATED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 pub async fn fresh(base_url: &str) -> Db {
     let schema = format!("bench_{}", Uuid::now_v7().simple());
+    CREATED.lock().unwrap().push(schema.clone());
     let mut admin = PgConnection::connect(base_url)
         .await
         .expect("connect to PostgreSQL");
@@ -36,6 +40,23 @@ pub async fn fresh(base_url: &str) -> Db {
         .await
         .expect("pool");
     Db { url, pool }
+}
+
+/// Drops every schema this run created: a run fills tens of millions of rows, which a database
+/// that outlives the run would otherwise keep.
+pub async fn drop_all(base_url: &str) {
+    let schemas = std::mem::take(&mut *CREATED.lock().unwrap());
+    let mut admin = PgConnection::connect(base_url)
+        .await
+        .expect("connect to PostgreSQL");
+    for schema in schemas {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE"
+        )))
+        .execute(&mut admin)
+        .await
+        .expect("drop schema");
+    }
 }
 
 /// The payload of event `g`: about 200 bytes of JSON.

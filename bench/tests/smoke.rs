@@ -31,6 +31,7 @@ fn the_benchmark_harness_runs_end_to_end() {
         "Pulsar",
         "The WAL source",
         "Debezium's Kafka Connect worker",
+        "As users run it",
     ] {
         assert!(
             table.contains(section),
@@ -57,4 +58,12 @@ fn the_benchmark_harness_runs_end_to_end() {
             .all(|d| d["events_per_second"].as_f64().unwrap() > 0.0)
     );
     assert!(results["debezium_worker"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
+    // The binary's drains, the null WAL pipeline and Debezium, each counted on its topic.
+    let as_run = results["as_run"].as_array().unwrap();
+    assert_eq!(as_run.len(), 6, "{as_run:?}");
+    assert!(
+        as_run
+            .iter()
+            .all(|d| d["events_per_second"].as_f64().unwrap() > 0.0)
+    );
 }
