@@ -10,18 +10,14 @@ use crate::metrics;
 use crate::ordering::Waiting;
 use crate::outlet::Outlet;
 use crate::pace::Pace;
+use crate::readiness::Readiness;
 use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::Sink;
-use crate::source::table::OutboxTable;
 use crate::source::{self, Opened, Source};
 use crate::tasks::BackgroundTasks;
-use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// How long each readiness check (database, broker) may take.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Moves committed events from the outbox table to a [`Sink`], at least once, in order per
 /// aggregate.
@@ -45,8 +41,8 @@ pub struct Relay {
     backend: Backend,
     /// On SQLite, the lock file that makes this the database's only relay.
     sqlite_lock: std::sync::Mutex<Option<std::fs::File>>,
-    /// The connection readiness probes ping, kept between probes.
-    probe: tokio::sync::Mutex<Option<OutboxTable>>,
+    /// What `/readyz` answers, kept between probes.
+    readiness: Readiness,
 }
 
 impl Relay {
@@ -60,7 +56,7 @@ impl Relay {
             router,
             backend,
             sqlite_lock: std::sync::Mutex::new(None),
-            probe: tokio::sync::Mutex::new(None),
+            readiness: Readiness::default(),
         }
     }
 
@@ -115,35 +111,12 @@ impl Relay {
     }
 
     /// Whether the relay can work now: its database answers and its sink reaches the broker, each
-    /// within [`READY_TIMEOUT`]. `/readyz` answers with this. The database is pinged on one
-    /// connection kept from probe to probe (opened again after a failure), so probes add no
-    /// connections.
+    /// within [`READY_TIMEOUT`](crate::READY_TIMEOUT). `/readyz` answers with this. Probes add no
+    /// connections, and many probes make at most one check a second.
     pub async fn ready(&self) -> Result<(), String> {
-        let mut probe = self.probe.lock().await;
-        let database = async {
-            if probe.is_none() {
-                *probe = Some(OutboxTable::connect(&self.config.database_url).await?);
-            }
-            probe.as_mut().expect("connected above").ping().await
-        };
-        let answer = tokio::time::timeout(READY_TIMEOUT, database).await;
-        if !matches!(answer, Ok(Ok(()))) {
-            *probe = None;
-        }
-        match answer {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(format!("database: {e}")),
-            Err(_) => return Err(format!("database: no answer within {READY_TIMEOUT:?}")),
-        }
-        drop(probe);
-        match tokio::time::timeout(READY_TIMEOUT, self.sink.ready()).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("{}: {e}", self.sink.name())),
-            Err(_) => Err(format!(
-                "{}: no answer within {READY_TIMEOUT:?}",
-                self.sink.name()
-            )),
-        }
+        self.readiness
+            .check(&self.config.database_url, &*self.sink)
+            .await
     }
 
     /// Runs until `shutdown` is cancelled, then returns after settling the batch in flight.
