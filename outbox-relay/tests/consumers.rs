@@ -288,6 +288,33 @@ async fn pulsar_redelivered_events_are_applied_once() {
     redelivered_events_are_applied_once(true).await;
 }
 
+/// A new group through `with_config` (the way to TLS and SASL) reads the events already on the
+/// topic: the loop sets `auto.offset.reset = earliest` unless the caller chose otherwise.
+#[tokio::test]
+async fn kafka_with_config_reads_the_events_a_new_group_finds() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(EFFECTS).await.unwrap();
+    let ids = record_orders(&f, 2, 5).await;
+    relay_all(&f, false).await;
+
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", common::kafka::brokers());
+    let consumer =
+        KafkaConsumer::with_config(config, &[&f.topic("order")], options(&f.prefix)).unwrap();
+    let (_never_sent, never) = watch::channel(false);
+    let all_applied: fn(&Consumed) -> bool = |c| c.applied >= 10;
+    let stop = stop_on(never, consumer.progress(), all_applied);
+    let consumed = tokio::time::timeout(
+        Duration::from_secs(60),
+        consumer.run(&f.db, applying("one"), stop),
+    )
+    .await
+    .expect("a new group made with with_config read none of the 10 events on its topic in 60 s")
+    .unwrap();
+    assert_eq!(consumed.applied, ids.len() as u64);
+    assert_applied_once_in_order(&f, ids.len()).await;
+}
+
 /// Waits until `members` consumers of `group` (Kafka group, or Pulsar subscription of `topic`)
 /// are connected, as the broker sees them.
 async fn wait_until_joined(pulsar: bool, topic: &str, group: &str, members: usize) {

@@ -75,19 +75,39 @@ impl KafkaConsumer {
         options: ConsumerOptions,
     ) -> Result<Self, ConsumerError> {
         let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", brokers)
-            .set("auto.offset.reset", "earliest");
+        config.set("bootstrap.servers", brokers);
         Self::with_config(config, topics, options)
     }
 
     /// Like [`new`](Self::new), with your librdkafka settings (`bootstrap.servers`, security,
-    /// ...). The loop sets `group.id` and the offset settings it relies on.
+    /// ...). The loop sets `group.id` and the offset settings it relies on. A new group reads its
+    /// topics from the beginning unless `config` sets `auto.offset.reset` itself.
+    ///
+    /// ```no_run
+    /// # fn f() -> Result<(), seaorm_outbox::consumer::ConsumerError> {
+    /// use seaorm_outbox::consumer::{kafka::KafkaConsumer, ConsumerOptions};
+    /// use rdkafka::ClientConfig;
+    ///
+    /// let mut config = ClientConfig::new();
+    /// config
+    ///     .set("bootstrap.servers", "broker.example.com:9093")
+    ///     .set("security.protocol", "SASL_SSL")
+    ///     .set("sasl.mechanisms", "SCRAM-SHA-512")
+    ///     .set("sasl.username", "billing")
+    ///     .set("sasl.password", std::env::var("KAFKA_PASSWORD").unwrap_or_default());
+    /// let consumer = KafkaConsumer::with_config(config, &["outbox.event.order"], ConsumerOptions::new("billing"))?;
+    /// # Ok(()) }
+    /// ```
     pub fn with_config(
         mut config: ClientConfig,
         topics: &[&str],
         options: ConsumerOptions,
     ) -> Result<Self, ConsumerError> {
+        // librdkafka's own default, `latest`, would have a new group (or one whose offsets
+        // expired) skip every event already on the topic.
+        if config.get("auto.offset.reset").is_none() {
+            config.set("auto.offset.reset", "earliest");
+        }
         // Dead letters keep their key; murmur2 places it as the relay and Java clients do.
         let producer: FutureProducer = config
             .clone()
