@@ -18,7 +18,7 @@ use std::path::PathBuf;
 /// let client = connection.connect(None).await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PulsarConnection {
     /// `pulsar://host:port`, or `pulsar+ssl://host:port` for TLS.
@@ -53,6 +53,37 @@ pub enum PulsarAuth {
         /// The scope to ask for, if any.
         scope: Option<String>,
     },
+}
+
+impl std::fmt::Debug for PulsarConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PulsarConnection")
+            .field("url", &redact_userinfo(&self.url))
+            .field("auth", &self.auth)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("tls_hostname_verification", &self.tls_hostname_verification)
+            .field("tls_allow_insecure", &self.tls_allow_insecure)
+            .finish()
+    }
+}
+
+/// `url` for logs and errors: any user information (`user:password@`) before the host masked.
+///
+/// ```
+/// use seaorm_outbox::pulsar_client::redact_userinfo;
+///
+/// assert_eq!(redact_userinfo("pulsar://app:s3cret@broker:6650"), "pulsar://***@broker:6650");
+/// assert_eq!(redact_userinfo("pulsar+ssl://broker:6651/x@y"), "pulsar+ssl://broker:6651/x@y");
+/// ```
+pub fn redact_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    match authority.rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_owned(),
+    }
 }
 
 impl PulsarConnection {

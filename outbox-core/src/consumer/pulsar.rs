@@ -6,7 +6,7 @@
 //! committed; one never acked is redelivered, and the inbox skips it if it was applied.
 
 use super::{Consumed, ConsumerError, ConsumerOptions, HandlerError, Processor, Verdict};
-use crate::pulsar_client::PulsarConnection;
+use crate::pulsar_client::{PulsarConnection, redact_userinfo};
 use crate::{Envelope, EnvelopeError};
 use futures::StreamExt;
 use futures_core::future::BoxFuture;
@@ -82,7 +82,9 @@ impl PulsarConsumer {
         let client = Pulsar::builder(url, TokioExecutor)
             .build()
             .await
-            .map_err(|e| ConsumerError::Broker(format!("connect to {url}: {e}")))?;
+            .map_err(|e| {
+                ConsumerError::Broker(format!("connect to {}: {e}", redact_userinfo(url)))
+            })?;
         Self::with_client(client, topics, options).await
     }
 
@@ -109,7 +111,10 @@ impl PulsarConsumer {
         let client = connection
             .connect(None)
             .await
-            .map_err(|e| ConsumerError::Broker(format!("connect to {}: {e}", connection.url)))?;
+            .map_err(|e| {
+                let url = redact_userinfo(&connection.url);
+                ConsumerError::Broker(format!("connect to {url}: {e}"))
+            })?;
         Self::with_client(client, topics, options).await
     }
 

@@ -29,11 +29,12 @@ use tokio::sync::Mutex;
 /// use seaorm_outbox::{Secret, pulsar_client::PulsarAuth};
 /// use seaorm_outbox_relay::sink::pulsar::PulsarConfig;
 ///
-/// let mut config = PulsarConfig::new("pulsar+ssl://pulsar.example.com:6651");
+/// let mut config = PulsarConfig::new("pulsar+ssl://relay:s3cret@pulsar.example.com:6651");
 /// config.connection.auth = Some(PulsarAuth::Token(Secret::new("eyJhbGciOi...")));
 /// config.connection.tls_ca_file = Some("/etc/ssl/pulsar-ca.pem".into());
 /// assert_eq!(config.tenant, "public");
-/// assert!(!format!("{config:?}").contains("eyJhbGciOi"));
+/// let printed = format!("{config:?}");
+/// assert!(!printed.contains("eyJhbGciOi") && !printed.contains("s3cret"), "{printed}");
 /// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -120,7 +121,7 @@ struct Connected {
 impl std::fmt::Debug for PulsarSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PulsarSink")
-            .field("url", &self.config.connection.url)
+            .field("url", &crate::redact::redact_url(&self.config.connection.url))
             .finish_non_exhaustive()
     }
 }
