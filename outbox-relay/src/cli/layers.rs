@@ -8,8 +8,9 @@
 //!   `OUTBOX_KAFKA_OPTION_<KEY>` (`sasl.password` is `OUTBOX_KAFKA_OPTION_SASL_PASSWORD`);
 //! - files, as Kubernetes and Docker mount secrets: `DATABASE_URL_FILE`, `PULSAR_TOKEN_FILE`,
 //!   `OUTBOX_KAFKA_OPTION_<KEY>_FILE`, or the keys `database_url_file`, `token_file`,
-//!   `oauth2_credentials_url_file` (the file's content, less a final newline, is the value; when
-//!   both forms are set in one layer, the file wins);
+//!   `oauth2_credentials_url_file` (the file's content, less its final line breaks, is the value;
+//!   when both forms are set in one layer, the file wins; a file every user of the host may read
+//!   gets a warning);
 //! - the config file expands `${NAME}` from the environment and `${file:PATH}` from a file in any
 //!   string, so the file itself holds no secret (`$${` is a literal `${`).
 
@@ -18,7 +19,24 @@ use super::output::one_line;
 use super::settings::Settings;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use std::sync::Mutex;
 use toml::{Table, Value};
+
+/// What loading found worth a warning, logged once logging is set up (it is set up by the
+/// settings loaded here).
+static WARNINGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// The warnings loading found, each once.
+pub(super) fn take_warnings() -> Vec<String> {
+    std::mem::take(&mut *WARNINGS.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
+fn warn(warning: String) {
+    WARNINGS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(warning);
+}
 
 /// Settings that name a secret, and so also take a `_file` form.
 const SECRET_FILE_KEYS: [&str; 3] = ["database_url", "sink.token", "sink.oauth2_credentials_url"];
@@ -128,14 +146,24 @@ fn read_secret_files(table: &mut Table) -> Result<(), UsageError> {
     Ok(())
 }
 
-/// A secret kept in a file: its content less the final newline that editors and `echo` add.
+/// A secret kept in a file: its content less the final line breaks that editors, `echo` and
+/// `kubectl create secret --from-file` leave. A file every user of the host may read is read, with
+/// a warning (Kubernetes mounts secrets so by default).
 fn read_secret(path: &Path, setting: &str) -> Result<String, UsageError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| UsageError(format!("{setting}: cannot read {}: {e}", path.display())))?;
-    Ok(text
-        .strip_suffix('\n')
-        .map_or(text.as_str(), |t| t.strip_suffix('\r').unwrap_or(t))
-        .to_owned())
+    #[cfg(unix)]
+    if let Ok(metadata) = std::fs::metadata(path) {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = metadata.permissions().mode() & 0o777;
+        if mode & 0o004 != 0 {
+            warn(format!(
+                "{setting}: secret file {} is readable by every user of this host (mode {mode:o}); `chmod o-r` it",
+                path.display()
+            ));
+        }
+    }
+    Ok(text.trim_end_matches(['\n', '\r']).to_owned())
 }
 
 /// Expands `${NAME}` and `${file:PATH}` in every string of `table`.
@@ -270,6 +298,25 @@ mod tests {
         assert_eq!(expand("${PATH}", "k").unwrap(), home);
         let missing = expand("${file:/nonexistent/secret}", "sink.token").unwrap_err();
         assert!(missing.0.contains("sink.token"), "{}", missing.0);
+    }
+
+    #[test]
+    fn a_secret_file_loses_its_line_breaks_and_an_open_one_is_warned_of() {
+        use std::os::unix::fs::PermissionsExt;
+        let file = std::env::temp_dir().join(format!("outbox-secret-{}", std::process::id()));
+        std::fs::write(&file, "pa ss\r\n\n").unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(read_secret(&file, "sink.token_file").unwrap(), "pa ss");
+        let about_file = |w: &String| w.contains(&file.display().to_string());
+        assert!(!take_warnings().iter().any(about_file));
+
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        read_secret(&file, "sink.token_file").unwrap();
+        let warnings: Vec<String> = take_warnings().into_iter().filter(about_file).collect();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].starts_with("sink.token_file: ") && warnings[0].contains("644"));
+        assert!(!warnings[0].contains("pa ss"));
+        std::fs::remove_file(file).unwrap();
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub fn main() -> ExitCode {
         Err(e) => return output::usage_error(&e.0),
     };
     output::init_logging(settings.log_format.unwrap_or(values::LogFormat::Human));
+    for warning in layers::take_warnings() {
+        tracing::warn!("{warning}");
+    }
     runtime.block_on(async move {
         let result = match command {
             Command::Run(_) => run::run(&settings, shutdown.unwrap_or_default()).await,
