@@ -120,7 +120,7 @@ pub async fn measure(
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     match &wal_source {
         None => setup::wait_leased(&db).await,

@@ -83,7 +83,7 @@ pub async fn drain(
     let started = Instant::now();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     setup::wait_drained(&db).await;
     let rate = events as f64 / started.elapsed().as_secs_f64();

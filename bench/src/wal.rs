@@ -124,7 +124,7 @@ pub async fn drain(
     let started = Instant::now();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     while acked.load(Ordering::Relaxed) < events {
         assert!(

@@ -27,7 +27,7 @@
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
 //! let sink = KafkaSink::new(&KafkaConfig::new("127.0.0.1:9092"))?;
 //! let relay = Relay::new(RelayConfig::new("postgres://localhost/shop"), sink);
-//! relay.run(CancellationToken::new()).await;
+//! relay.run(CancellationToken::new()).await?;
 //! # Ok(()) }
 //! ```
 //!

@@ -30,7 +30,9 @@ use tokio_util::sync::CancellationToken;
 /// let relay = Relay::new(RelayConfig::new("sqlite:///tmp/shop.db"), StdoutSink);
 /// let shutdown = CancellationToken::new();
 /// // Cancel `shutdown` (on SIGTERM, say) to stop after the batch in flight.
-/// relay.run(shutdown).await;
+/// if let Err(refused) = relay.run(shutdown).await {
+///     eprintln!("the relay stopped: {refused}");
+/// }
 /// # }
 /// ```
 pub struct Relay {
@@ -121,29 +123,40 @@ impl Relay {
 
     /// Runs until `shutdown` is cancelled, then returns after settling the batch in flight.
     ///
-    /// It never gives up: when the database or the broker fails, it logs, backs off (exponential,
-    /// with jitter, up to `max_backoff`), reconnects and resumes where it stopped.
-    pub async fn run(&self, shutdown: CancellationToken) {
-        if let Err(e) = self.lock_sqlite() {
+    /// It never gives up on what may pass: when the database or the broker fails, it logs, backs
+    /// off (exponential, with jitter, up to `max_backoff`), reconnects and resumes where it
+    /// stopped. It stops with an error only when its source refuses it, at start or on a
+    /// reconnect (another relay holds the SQLite database, a WAL relay's replication slot was
+    /// dropped, ...): no retry can fix that, an operator must act.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), SourceError> {
+        let refused = |e: SourceError| {
             tracing::error!(error = %e, "the relay does not start");
-            return;
+            Err(e)
+        };
+        if let Err(e) = self.lock_sqlite() {
+            return refused(SourceError::Refused(e));
         }
         // A database that cannot be reached now is retried below; a refusal is final.
         if let Err(e) = self.check_source().await
             && !e.is_temporary()
         {
-            tracing::error!(error = %e, "the relay does not start");
-            return;
+            return refused(e);
         }
         // Background work, each on a connection of its own, stopped and awaited before returning.
         let tasks = BackgroundTasks::new(&shutdown);
         source::spawn_background(&self.config, &tasks);
         let mut backoff = self.config.backoff();
         let mut standby = false;
+        let mut outcome = Ok(());
         while !shutdown.is_cancelled() {
             let mut connected = false;
             let delay = match self.run_connected(&shutdown, &tasks, &mut connected).await {
                 Ok(()) => break,
+                Err(e) if !e.is_temporary() => {
+                    tracing::error!(error = %e, "the relay stops");
+                    outcome = Err(e);
+                    break;
+                }
                 Err(SourceError::Standby(slot)) => {
                     if !standby {
                         tracing::info!(%slot, "standby: another relay reads the slot; taking over when it stops");
@@ -176,6 +189,7 @@ impl Relay {
             }
         }
         tasks.stop().await;
+        outcome
     }
 
     /// One connection's life: open the source (join the replicas, or start reading the slot), then

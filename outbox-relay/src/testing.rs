@@ -122,9 +122,17 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     let running = relay.run(shutdown.clone());
     tokio::pin!(running);
+    // Set when the relay returned by itself: it must not be awaited again.
+    let mut stopped_early = false;
     let outcome = loop {
         tokio::select! {
-            () = &mut running => break Err(DrainError::Refused("the relay stopped by itself (see its log)".into())),
+            stopped = &mut running => {
+                stopped_early = true;
+                break Err(DrainError::Refused(match stopped {
+                    Err(refused) => refused.to_string(),
+                    Ok(()) => "the relay stopped by itself (see its log)".into(),
+                }));
+            }
             () = tokio::time::sleep(Duration::from_millis(10)) => {}
         }
         match publishable(&mut table).await {
@@ -140,7 +148,10 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
         }
     };
     shutdown.cancel();
-    running.await;
+    if !stopped_early {
+        // Stopped by the cancellation: a refusal now is not the drain's outcome.
+        let _ = running.await;
+    }
     outcome?;
     Ok(Drained {
         messages: sink.messages(),

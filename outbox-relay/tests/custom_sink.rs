@@ -55,7 +55,7 @@ async fn a_custom_sink_gets_every_event_and_its_failures_are_retried_in_order() 
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     f.wait_until_zero(
         "SELECT count(*) FROM outbox WHERE published_at IS NULL AND aggregate_id <> 'refused'",
@@ -138,7 +138,7 @@ async fn a_sink_that_refuses_at_enqueue_fails_each_row_with_its_reason_and_does_
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     // Every row failed at least twice, with the reason.
     f.wait_until_zero(
@@ -174,7 +174,7 @@ async fn publish_with_list(
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while sink.published.lock().unwrap().len() < published {
@@ -263,7 +263,7 @@ async fn an_ack_that_never_comes_fails_its_event_after_ack_timeout_and_the_rest_
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     f.wait_until_zero(
         "SELECT count(*) FROM outbox WHERE published_at IS NULL AND aggregate_id <> 'silent'",

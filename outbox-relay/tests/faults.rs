@@ -511,7 +511,7 @@ async fn a_producer_replaced_while_it_holds_unanswered_messages_keeps_each_aggre
     let shutdown = tokio_util::sync::CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     let writer = Writer::start(&f, 20, Duration::from_millis(5), reading);
     tokio::time::sleep(Duration::from_secs(6)).await;

@@ -75,7 +75,7 @@ async fn run_until(config: RelayConfig, sink: &BatchSink, done: impl Fn(&[(Strin
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     let deadline = Instant::now() + Duration::from_secs(30);
     while !done(&sink.published()) {

@@ -42,7 +42,7 @@ async fn relay_until(fixture: &Fixture, strict: bool, work_left: &str) {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     fixture
         .wait_until_zero(work_left, Duration::from_secs(60))

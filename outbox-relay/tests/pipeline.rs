@@ -91,7 +91,7 @@ async fn claims_overlapping_the_acks_send_each_event_once_and_in_order() {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     let started = Instant::now();
     f.wait_until_drained(Duration::from_secs(60)).await;
@@ -137,7 +137,7 @@ async fn a_slow_answer_delays_only_its_own_aggregate() {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     f.db.execute_unprepared(&insert("a")).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);

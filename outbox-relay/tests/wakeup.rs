@@ -41,7 +41,7 @@ async fn notify_wakes_an_idle_relay() {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
     // The relay listens before it leases shards: once it holds them, it is listening.
     f.wait_until_zero(

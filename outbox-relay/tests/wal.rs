@@ -228,7 +228,7 @@ async fn events_go_out_in_commit_order_across_concurrent_writers() {
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let (relay, shutdown) = (relay.clone(), shutdown.clone());
-        async move { relay.run(shutdown).await }
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
 
     const WRITERS: u64 = 6;

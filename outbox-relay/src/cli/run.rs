@@ -43,9 +43,13 @@ pub(super) async fn run(
             }
         });
     }
-    relay.run(shutdown).await;
+    // A refusal after start (a dropped replication slot, say) was logged where it happened.
+    let outcome = relay.run(shutdown).await;
     tasks.stop().await;
-    Ok(ExitCode::SUCCESS)
+    Ok(match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) => ExitCode::FAILURE,
+    })
 }
 
 /// Cancelled on the first SIGINT or SIGTERM: the relay settles its batch and stops. A second
