@@ -108,13 +108,14 @@ pub async fn list(database_url: &str) -> Result<Vec<ParkedEvent>, sqlx::Error> {
     }
 }
 
-/// Whether a WAL relay reads the table (it is in a publication): parked events are then released
-/// through the stream.
+/// Whether a WAL relay reads the table (it is in a WAL relay's publication): parked events are
+/// then released through the stream.
 async fn read_by_wal(table: &mut OutboxTable) -> Result<bool, sqlx::Error> {
     match table.postgres() {
-        Some(conn) => Ok(!crate::source::wal::slot::publications(conn)
+        Some(conn) => Ok(crate::source::wal::slot::publications(conn)
             .await?
-            .is_empty()),
+            .iter()
+            .any(|p| p.ours)),
         None => Ok(false),
     }
 }

@@ -27,6 +27,17 @@ impl std::fmt::Display for Status {
                 "source:             wal (the table's rows are never marked)"
             )?;
             for slot in &self.wal_slots {
+                if slot.missing {
+                    writeln!(
+                        f,
+                        "slot {}:{}MISSING: dropped while its publication remains; events committed \
+                         since are in no stream (the relay refuses to start; `outbox-relay wal drop` \
+                         starts afresh)",
+                        slot.slot,
+                        " ".repeat(13usize.saturating_sub(slot.slot.len())),
+                    )?;
+                    continue;
+                }
                 writeln!(
                     f,
                     "slot {}:{}{}, {} bytes behind{}",

@@ -676,6 +676,168 @@ async fn the_wal_source_refuses_to_start_beside_polling_relays_or_on_sqlite() {
     assert!(String::from_utf8_lossy(&sqlite.stderr).contains("--source wal needs PostgreSQL"));
 }
 
+/// Publications of the table made by other tools (Debezium's, a warehouse sync's) are told from a
+/// WAL relay's: a polling relay runs beside one and says so once; a WAL relay refuses a
+/// publication of its name that does not publish the outbox table, and from one that publishes
+/// other tables too it takes only the outbox table's inserts.
+#[tokio::test]
+async fn other_tools_publications_are_told_from_the_wal_relays() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let db = &w.f.db;
+    let foreign = format!("{}_cdc", w.source.publication);
+    db.execute_unprepared(&format!("CREATE PUBLICATION {foreign} FOR TABLE outbox"))
+        .await
+        .unwrap();
+    insert(&w, "m-0", 0, "'{}'").await;
+    let mut polling = w.f.spawn_relay(&[]);
+    w.f.wait_until_drained(Duration::from_secs(30)).await;
+    assert_eq!(common::terminate(&mut polling), Some(0));
+    let log = polling.log();
+    assert_eq!(
+        log.matches("in another tool's publication").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains(&foreign), "{log}");
+    db.execute_unprepared(&format!("DROP PUBLICATION {foreign}"))
+        .await
+        .unwrap();
+
+    // A publication of the WAL relay's name, of another table only.
+    db.execute_unprepared("CREATE TABLE other (id bigint PRIMARY KEY, note text)")
+        .await
+        .unwrap();
+    db.execute_unprepared(&format!(
+        "CREATE PUBLICATION {} FOR TABLE other",
+        w.source.publication
+    ))
+    .await
+    .unwrap();
+    let brokers = common::kafka::brokers();
+    let refused = relay_command()
+        .args(["run", "--database-url", &w.f.url, "--kafka-brokers", &brokers])
+        .args(["--http-addr", "off"])
+        .args(w.flags())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "publication {} exists but does not publish the inserts of this schema's outbox table",
+            w.source.publication
+        )),
+        "{stderr}"
+    );
+
+    // With the outbox table added, the relay reads it and leaves the other table's inserts alone.
+    db.execute_unprepared(&format!(
+        "ALTER PUBLICATION {} ADD TABLE outbox",
+        w.source.publication
+    ))
+    .await
+    .unwrap();
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    for n in 1..=3 {
+        insert(&w, "m-0", n, "'{}'").await;
+        db.execute_unprepared(&format!("INSERT INTO other VALUES ({n}, 'not an event')"))
+            .await
+            .unwrap();
+    }
+    let received = consume(&[&w.f.topic("meter")], 4, Duration::from_secs(60)).await;
+    assert_eq!(assert_complete_and_ordered(&received, 4, 1), 0);
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+    assert_eq!(
+        w.f.scalar("SELECT count(*) FROM outbox").await,
+        4,
+        "no event made of the other table's rows"
+    );
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    let log = relay.log();
+    assert!(!log.contains("parked") && !log.contains("ERROR"), "{log}");
+    w.drop_slot().await;
+}
+
+/// A slot dropped after a relay read it is a gap, not a first start: the running relay stops,
+/// naming it, instead of creating a slot that would start past the events committed meanwhile;
+/// `status` shows it, a new start refuses too, and `outbox-relay wal drop` acknowledges the gap
+/// (the next start creates the slot again).
+#[tokio::test]
+async fn a_dropped_slot_stops_the_relay_instead_of_starting_past_the_gap() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let slot = &w.source.slot;
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    wait_until_reading(&w).await;
+    insert(&w, "m-0", 0, "'{}'").await;
+    consume(&[&w.f.topic("meter")], 1, Duration::from_secs(60)).await;
+
+    // The relay frozen, its stream cut and its slot dropped; an event committed in the gap.
+    common::signal(&relay, "STOP");
+    w.f.db
+        .execute_unprepared(&format!(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = '{slot}'"
+        ))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w
+        .f
+        .db
+        .execute_unprepared(&format!("SELECT pg_drop_replication_slot('{slot}')"))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the slot stays active");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    insert(&w, "m-0", 1, "'{}'").await;
+    common::signal(&relay, "CONT");
+    let (status, _) = common::wait_for_exit(
+        &mut relay,
+        Duration::from_secs(60),
+        "the relay runs on without its slot",
+    );
+    let log = relay.log();
+    assert_eq!(status.code(), Some(1), "{log}");
+    let gap = format!("replication slot {slot} is gone");
+    assert!(log.contains(&gap), "{log}");
+
+    let status = relay_command()
+        .args(["status", "--database-url", &w.f.url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains(&format!("slot {slot}:")) && text.contains("MISSING"), "{text}");
+
+    let brokers = common::kafka::brokers();
+    let again = relay_command()
+        .args(["run", "--database-url", &w.f.url, "--kafka-brokers", &brokers])
+        .args(["--http-addr", "off"])
+        .args(w.flags())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains(&gap) && stderr.contains("wal drop"), "{stderr}");
+
+    let dropped = relay_command()
+        .args(["wal", "drop", "--database-url", &w.f.url])
+        .args(["--slot", slot, "--publication", &w.source.publication])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&dropped.stdout);
+    assert!(text.contains(&format!("dropped publication {}", w.source.publication)), "{text}");
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    wait_until_reading(&w).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    w.drop_slot().await;
+}
+
 #[tokio::test]
 async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
     let _one = ONE_AT_A_TIME.lock().await;

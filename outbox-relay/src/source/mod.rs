@@ -99,13 +99,25 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
             let mut table = OutboxTable::connect(url).await?;
             let conn = table.postgres().expect("a PostgreSQL URL");
             let publications = wal::slot::publications(conn).await?;
-            if publications.is_empty() {
-                Ok(())
-            } else {
-                Err(SourceError::Refused(wal::slot::polling_refused(
-                    &publications,
-                )))
+            let (ours, others): (Vec<_>, Vec<_>) = publications.iter().partition(|p| p.ours);
+            if !ours.is_empty() {
+                let ours: Vec<&str> = ours.iter().map(|p| p.name.as_str()).collect();
+                return Err(SourceError::Refused(wal::slot::polling_refused(&ours)));
             }
+            // Debezium's, a warehouse sync's: they read the table, the polling relay marks it.
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            if !others.is_empty() {
+                let others: Vec<&str> = others.iter().map(|p| p.name.as_str()).collect();
+                WARNED.call_once(|| {
+                    tracing::warn!(
+                        publications = others.join(", "),
+                        "the outbox table is in another tool's publication; polling beside it \
+                         (each of its events is published by this relay too, and by whatever reads \
+                         that publication)"
+                    );
+                });
+            }
+            Ok(())
         }
         config::Source::Wal(_) if backend == Backend::Sqlite => Err(SourceError::Refused(
             "the WAL source needs PostgreSQL; SQLite has no logical replication".into(),

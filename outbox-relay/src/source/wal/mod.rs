@@ -86,6 +86,9 @@ pub(crate) struct WalStream {
     wal: ReplicationClient,
     slot: String,
     decoder: Decoder,
+    /// This schema's outbox table: a publication of several tables (`FOR ALL TABLES`, say)
+    /// streams others' inserts too, which are not events.
+    outbox: u32,
     read: Unconfirmed,
     parked: Parked,
     /// The commit time of the transaction being read.
@@ -116,6 +119,9 @@ impl WalStream {
             return Err(standby());
         }
         let parked = Parked::load(&mut db, config.skip_parked).await?;
+        let outbox: sqlx::postgres::types::Oid = sqlx::query_scalar("SELECT 'outbox'::regclass::oid")
+            .fetch_one(&mut db)
+            .await?;
         let mut wal = ReplicationClient::connect(replication_config(url, source)?).await?;
         if let Err(e) = wal.wait_started().await {
             return Err(if e.to_string().contains("is active for PID") {
@@ -136,6 +142,7 @@ impl WalStream {
             wal,
             slot: source.slot.clone(),
             decoder: Decoder::default(),
+            outbox: outbox.0,
             read,
             parked,
             commit_ms: None,
@@ -157,6 +164,7 @@ impl WalStream {
             ReplicationEvent::XLogData { data, .. } => {
                 if let Change::Insert { relation, values } =
                     self.decoder.decode(data).map_err(stream)?
+                    && relation == self.outbox
                 {
                     let relation = self.decoder.relation(relation).ok_or_else(|| {
                         stream("an insert into a relation it did not describe".into())

@@ -25,6 +25,10 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
              (set it in postgresql.conf and restart PostgreSQL)"
         ))));
     }
+    let version: String = sqlx::query_scalar("SELECT current_setting('server_version_num')")
+        .fetch_one(&mut *conn)
+        .await?;
+    supported_version(&version).map_err(Prepare::Refused)?;
     let held_column: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pg_attribute
                         WHERE attrelid = 'outbox'::regclass AND attname = 'held_at' AND NOT attisdropped)",
@@ -47,38 +51,78 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
              WAL source, or both would publish every event"
         ))));
     }
-    let published: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
-                        WHERE p.pubname = $1 AND r.prrelid = 'outbox'::regclass)",
+    let publication = match publication_of(conn, &source.publication).await? {
+        Some(publication) if publication.outbox => {
+            if !publication.ours {
+                // Made by an earlier relay, before publications were marked, or by hand for it.
+                mark_ours(conn, &source.publication, None).await?;
+            }
+            publication
+        }
+        Some(_) => {
+            return Err(Prepare::Refused(Refused(format!(
+                "publication {} exists but does not publish the inserts of this schema's outbox \
+                 table; choose another --wal-publication, or add the table to it",
+                source.publication
+            ))));
+        }
+        None => {
+            // The name was checked to be a plain identifier (`WalSource::new`).
+            let create = format!(
+                "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert')",
+                source.publication
+            );
+            ignore_duplicate(
+                sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+                    .execute(&mut *conn)
+                    .await,
+            )?;
+            mark_ours(conn, &source.publication, None).await?;
+            tracing::info!(publication = %source.publication, "created the publication of the outbox table");
+            PublicationOf {
+                outbox: true,
+                ours: true,
+                slot: None,
+            }
+        }
+    };
+    let slot: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT plugin::text, wal_status FROM pg_replication_slots WHERE slot_name = $1",
     )
-    .bind(&source.publication)
-    .fetch_one(&mut *conn)
+    .bind(&source.slot)
+    .fetch_optional(&mut *conn)
     .await?;
-    if !published {
-        // The name was checked to be a plain identifier (`WalSource::new`).
-        let create = format!(
-            "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert')",
-            source.publication
-        );
-        ignore_duplicate(
-            sqlx::raw_sql(sqlx::AssertSqlSafe(create))
-                .execute(&mut *conn)
-                .await,
-        )?;
-        tracing::info!(publication = %source.publication, "created the publication of the outbox table");
-    }
-    let slot: Option<String> =
-        sqlx::query_scalar("SELECT plugin::text FROM pg_replication_slots WHERE slot_name = $1")
-            .bind(&source.slot)
-            .fetch_optional(&mut *conn)
-            .await?;
-    match slot.as_deref() {
-        Some("pgoutput") => {}
-        Some(plugin) => {
+    let read_before = publication.slot.as_deref() == Some(source.slot.as_str());
+    match slot {
+        Some((plugin, _)) if plugin != "pgoutput" => {
             return Err(Prepare::Refused(Refused(format!(
                 "replication slot {} uses the {plugin} plugin; the WAL source needs a pgoutput slot \
                  (choose another --wal-slot)",
                 source.slot
+            ))));
+        }
+        Some((_, wal_status)) if wal_status.as_deref() == Some("lost") => {
+            return Err(Prepare::Refused(Refused(format!(
+                "replication slot {} is lost: PostgreSQL removed WAL it still needed \
+                 (max_slot_wal_keep_size). Table-less events in that WAL are gone; rows are still \
+                 in the table, but the WAL source cannot tell which were published. To start again \
+                 from now, run `outbox-relay wal drop` (the next start creates the slot again)",
+                source.slot
+            ))));
+        }
+        Some(_) => {
+            if !read_before {
+                mark_ours(conn, &source.publication, Some(&source.slot)).await?;
+            }
+        }
+        None if read_before => {
+            return Err(Prepare::Refused(Refused(format!(
+                "replication slot {} is gone, though publication {} says a relay read it: it was \
+                 dropped, so events committed since are in no stream (table-less ones are lost; \
+                 rows are still in the table). A new slot would start from now, silently past \
+                 them. To do so knowingly, run `outbox-relay wal drop` (the next start creates \
+                 both again)",
+                source.slot, source.publication
             ))));
         }
         None => {
@@ -88,10 +132,29 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
                     .execute(&mut *conn)
                     .await,
             )?;
+            // From now on a missing slot is a gap, not a first start.
+            mark_ours(conn, &source.publication, Some(&source.slot)).await?;
             tracing::info!(slot = %source.slot, "created the replication slot");
         }
     }
     Ok(())
+}
+
+/// The oldest PostgreSQL the WAL source reads: `pgoutput` streams logical messages (table-less
+/// events) from 14 on, and refuses the `messages` option before.
+const OLDEST_VERSION: u32 = 14;
+
+/// Whether the WAL source can read a server of `server_version_num`.
+fn supported_version(server_version_num: &str) -> Result<(), Refused> {
+    let major = server_version_num.trim().parse::<u32>().map_or(0, |n| n / 10_000);
+    if major >= OLDEST_VERSION {
+        return Ok(());
+    }
+    Err(Refused(format!(
+        "PostgreSQL {major} is older than {OLDEST_VERSION}: its pgoutput cannot stream logical \
+         messages, which the WAL source reads; run the polling relay there (it supports \
+         PostgreSQL 12 and later)"
+    )))
 }
 
 /// A failure of [`prepare`].
@@ -119,23 +182,118 @@ WHERE locktype = 'advisory' AND objsubid = 2 AND database = (SELECT oid FROM pg_
   AND classid::bigint = (hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::bigint & 4294967295)
   AND objid::bigint >= 256";
 
-/// The publications of the outbox table, if any: a polling relay refuses to run while one exists.
-pub(crate) async fn publications(conn: &mut PgConnection) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT p.pubname::text FROM pg_publication_rel r JOIN pg_publication p ON p.oid = r.prpubid
-         WHERE r.prrelid = to_regclass('outbox') ORDER BY 1",
-    )
-    .fetch_all(conn)
-    .await
+/// The comment on a publication made by a WAL relay, which tells it from other tools'
+/// publications of the table (Debezium's, an analytics pipeline's); `; slot NAME` follows once the
+/// relay made its slot, so a slot dropped later is told from a first start.
+const MARK: &str = "outbox-relay WAL source";
+
+/// Marks `publication` as a WAL relay's, whose `slot` exists.
+async fn mark_ours(
+    conn: &mut PgConnection,
+    publication: &str,
+    slot: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let mark = match slot {
+        Some(slot) => format!("{MARK}; slot {slot}"),
+        None => MARK.to_owned(),
+    };
+    // Both names were checked to be plain identifiers (`WalSource::new`).
+    let comment = format!("COMMENT ON PUBLICATION {publication} IS '{mark}'");
+    match sqlx::raw_sql(sqlx::AssertSqlSafe(comment)).execute(conn).await {
+        Ok(_) => Ok(()),
+        // Made by another role for the relay: it works unmarked, with less guarding.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => {
+            tracing::warn!(
+                %publication,
+                "cannot mark the publication as the WAL relay's (the relay's role does not own it): \
+                 polling relays will not tell it from another tool's, and a dropped slot will not \
+                 be told from a first start; have its owner run COMMENT ON PUBLICATION {publication} \
+                 IS '{mark}'"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
 }
 
-/// What a polling relay says when the table is published for logical replication.
-pub(crate) fn polling_refused(publications: &[String]) -> String {
+/// The columns that read a publication's mark: whether it is ours (marked, or named as a WAL
+/// relay's publication was before publications were marked), and the slot it names.
+const MARK_COLUMNS: &str = "
+    coalesce(obj_description(p.oid, 'pg_publication') LIKE ($1 || '%'), p.pubname = 'outbox_relay'),
+    substring(obj_description(p.oid, 'pg_publication') FROM '; slot (.*)$')";
+
+/// A publication of this schema's outbox table, as listed for the polling relay and `status`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Publication {
+    pub name: String,
+    /// Made by a WAL relay of this project.
+    pub ours: bool,
+    /// The slot a relay made for it, if it is ours.
+    pub slot: Option<String>,
+}
+
+/// The publication of a WAL relay's name: whether it publishes the outbox table's inserts, is
+/// ours, and names a slot.
+struct PublicationOf {
+    outbox: bool,
+    ours: bool,
+    slot: Option<String>,
+}
+
+async fn publication_of(
+    conn: &mut PgConnection,
+    name: &str,
+) -> Result<Option<PublicationOf>, sqlx::Error> {
+    let sql = format!(
+        "SELECT p.pubinsert AND EXISTS (
+                    SELECT 1 FROM pg_publication_tables t
+                    JOIN pg_namespace n ON n.nspname = t.schemaname
+                    JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+                    WHERE t.pubname = p.pubname AND c.oid = 'outbox'::regclass),
+                {MARK_COLUMNS}
+         FROM pg_publication p WHERE p.pubname = $2"
+    );
+    let found: Option<(bool, bool, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(MARK)
+        .bind(name)
+        .fetch_optional(conn)
+        .await?;
+    Ok(found.map(|(outbox, ours, slot)| PublicationOf { outbox, ours, slot }))
+}
+
+/// The publications of this schema's outbox table, made by any tool (`FOR ALL TABLES` ones too).
+pub(crate) async fn publications(conn: &mut PgConnection) -> Result<Vec<Publication>, sqlx::Error> {
+    let sql = format!(
+        "SELECT p.pubname::text, {MARK_COLUMNS}
+         FROM pg_publication p
+         JOIN pg_publication_tables t ON t.pubname = p.pubname
+         JOIN pg_namespace n ON n.nspname = t.schemaname
+         JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
+         WHERE c.oid = to_regclass('outbox')
+         ORDER BY 1"
+    );
+    let rows: Vec<(String, bool, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(MARK)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(name, ours, slot)| Publication {
+            name,
+            slot: slot.filter(|_| ours),
+            ours,
+        })
+        .collect())
+}
+
+/// What a polling relay says when a WAL relay's publication holds the table.
+pub(crate) fn polling_refused(ours: &[&str]) -> String {
     format!(
-        "the outbox table is in publication {} for a WAL relay (`run --source wal`), which never \
+        "the outbox table is in publication {} of a WAL relay (`run --source wal`), which never \
          marks rows: a polling relay would publish every event again. Run with --source wal, or, to \
-         go back to polling, `outbox-relay wal drop` first",
-        publications.join(", ")
+         go back to polling, `outbox-relay wal drop` (with that relay's --wal-slot and \
+         --wal-publication) first",
+        ours.join(", ")
     )
 }
 
@@ -153,12 +311,21 @@ pub struct SlotStatus {
     /// Set when PostgreSQL invalidated the slot (`max_slot_wal_keep_size` was exceeded): the WAL
     /// it needed is gone, and so are the events in it that were not yet published.
     pub lost: bool,
+    /// Set when the slot is gone though its publication says a relay read it (it was dropped):
+    /// the events committed since are in no stream, and the relay refuses to start until
+    /// `outbox-relay wal drop` acknowledges the gap.
+    pub missing: bool,
 }
 
-/// The state of every `pgoutput` slot of this database, when the outbox table is in a publication
-/// (the WAL source's); empty otherwise.
+/// The state of every `pgoutput` slot of this database, when the outbox table is in a WAL relay's
+/// publication; empty otherwise.
 pub(crate) async fn all_status(conn: &mut PgConnection) -> Result<Vec<SlotStatus>, sqlx::Error> {
-    if publications(&mut *conn).await?.is_empty() {
+    let ours: Vec<Publication> = publications(&mut *conn)
+        .await?
+        .into_iter()
+        .filter(|p| p.ours)
+        .collect();
+    if ours.is_empty() {
         return Ok(Vec::new());
     }
     let rows: Vec<(String, bool, Option<i64>, Option<String>)> = sqlx::query_as(
@@ -168,15 +335,28 @@ pub(crate) async fn all_status(conn: &mut PgConnection) -> Result<Vec<SlotStatus
     )
     .fetch_all(conn)
     .await?;
-    Ok(rows
+    let mut slots: Vec<SlotStatus> = rows
         .into_iter()
         .map(|(slot, active, lag, wal_status)| SlotStatus {
             slot,
             active,
             lag_bytes: lag.unwrap_or(0).max(0),
             lost: wal_status.as_deref() == Some("lost"),
+            missing: false,
         })
-        .collect())
+        .collect();
+    for slot in ours.into_iter().filter_map(|p| p.slot) {
+        if !slots.iter().any(|s| s.slot == slot) {
+            slots.push(SlotStatus {
+                slot,
+                active: false,
+                lag_bytes: 0,
+                lost: false,
+                missing: true,
+            });
+        }
+    }
+    Ok(slots)
 }
 
 /// The state of `slot`, or `None` when it does not exist.
@@ -196,6 +376,7 @@ pub(crate) async fn status(
         active,
         lag_bytes: lag.unwrap_or(0).max(0),
         lost: wal_status.as_deref() == Some("lost"),
+        missing: false,
     }))
 }
 
@@ -217,12 +398,13 @@ pub(crate) async fn drop_source(
             .await?;
         dropped.push(format!("replication slot {}", source.slot));
     }
-    let publication: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)")
-            .bind(&source.publication)
-            .fetch_one(&mut *conn)
-            .await?;
-    if publication {
+    let publication = publication_of(&mut *conn, &source.publication).await?;
+    if publication.as_ref().is_some_and(|p| !p.ours) {
+        tracing::warn!(
+            publication = %source.publication,
+            "left the publication alone: another tool made it (it is not marked as a WAL relay's)"
+        );
+    } else if publication.is_some() {
         let drop = format!("DROP PUBLICATION {}", source.publication);
         sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
             .execute(&mut *conn)
@@ -260,4 +442,21 @@ pub(crate) async fn sample_slot(
         },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wal_source_refuses_servers_older_than_14() {
+        assert!(supported_version("150018").is_ok());
+        assert!(supported_version("140000").is_ok());
+        let refused = supported_version("130011").unwrap_err().0;
+        assert!(
+            refused.starts_with("PostgreSQL 13 is older than 14") && refused.contains("polling"),
+            "{refused}"
+        );
+        assert!(supported_version("120000").is_err());
+    }
 }
