@@ -79,6 +79,11 @@ pub struct RelayConfig {
     /// keeps a sink whose acknowledgement never comes from stopping the relay. Keep it above the
     /// client's own timeout (Kafka's `message.timeout.ms`, 30 s by default). Default 2 minutes.
     pub ack_timeout: Duration,
+    /// How long one of the relay's own statements may run on PostgreSQL (`statement_timeout` on its
+    /// sessions); a call to the database with no answer in twice this long (the database's host
+    /// vanished) is given up and the relay reconnects. Operator commands (`failed`, `migrate`) are
+    /// not limited. Default 30 s.
+    pub statement_timeout: Duration,
     /// Where events come from: the outbox table, polled (the default), or PostgreSQL's
     /// write-ahead log through logical replication. Default [`Source::Table`].
     pub source: Source,
@@ -130,6 +135,7 @@ impl RelayConfig {
             prune_interval: Duration::from_secs(60),
             metrics_interval: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(120),
+            statement_timeout: Duration::from_secs(30),
             source: Source::Table,
         }
     }
@@ -155,6 +161,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("prune_interval", &self.prune_interval)
             .field("metrics_interval", &self.metrics_interval)
             .field("ack_timeout", &self.ack_timeout)
+            .field("statement_timeout", &self.statement_timeout)
             .field("source", &self.source)
             .finish()
     }

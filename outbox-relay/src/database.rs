@@ -1,7 +1,9 @@
 //! The relay's database: which backend a URL names, told in one place, and the one way every
-//! relay connection to PostgreSQL is opened (its application name and connect timeout).
+//! relay connection to PostgreSQL is opened (its application name, connect timeout and
+//! keepalives), and how long the relay waits for it.
 
 use sqlx::{Connection, PgConnection};
+use std::future::Future;
 use std::time::Duration;
 
 /// Which database a URL names.
@@ -75,8 +77,21 @@ pub(crate) fn connect_timeout(url: &str) -> (String, Duration) {
 /// The name the relay's connections show in `pg_stat_activity`, unless the URL sets one.
 pub const APPLICATION_NAME: &str = "outbox-relay";
 
+/// The server settings every relay connection starts with, unless the URL's `options` parameter
+/// sets them: PostgreSQL probes an idle connection after 10 s, every 5 s, and ends it after 4
+/// unanswered probes, or once data it sent stays unacknowledged for 30 s. So when a relay's host
+/// vanishes without closing its sockets, its sessions end (and with them its shard leases) in
+/// about 30 s, not after the kernel's two hours.
+pub(crate) const KEEPALIVE_SETTINGS: [(&str, &str); 4] = [
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "5"),
+    ("tcp_keepalives_count", "4"),
+    ("tcp_user_timeout", "30000"),
+];
+
 /// The connection options of a PostgreSQL URL, named [`APPLICATION_NAME`] unless the URL (or
-/// `PGAPPNAME`) names them, and the URL's connect timeout.
+/// `PGAPPNAME`) names them, with [`KEEPALIVE_SETTINGS`] the URL leaves unset, and the URL's
+/// connect timeout.
 pub(crate) fn postgres_options(
     url: &str,
 ) -> Result<(sqlx::postgres::PgConnectOptions, Duration), sqlx::Error> {
@@ -86,12 +101,60 @@ pub(crate) fn postgres_options(
     if options.get_application_name().is_none() {
         options = options.application_name(APPLICATION_NAME);
     }
+    let set_by_url = options.get_options().unwrap_or_default().to_owned();
+    options = options.options(
+        KEEPALIVE_SETTINGS
+            .into_iter()
+            .filter(|(name, _)| !set_by_url.contains(name)),
+    );
     Ok((options, timeout))
+}
+
+/// Limits the relay's own statements on `conn` to `timeout` (`statement_timeout`).
+pub(crate) async fn limit_statements(
+    conn: &mut PgConnection,
+    timeout: Duration,
+) -> Result<(), sqlx::Error> {
+    let set = format!("SET statement_timeout = {}", timeout.as_millis().max(1));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(set))
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+/// `call`, given up with an error when the database has not answered within `limit`: its host
+/// vanished, or the network between, and the connection would otherwise wait for the kernel to
+/// give up (a quarter of an hour or more).
+pub(crate) async fn answered_within<T, E: From<sqlx::Error>>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, E> {
+    tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+        Err(E::from(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer from the database within {limit:?}"),
+        ))))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keepalives_are_set_unless_the_url_sets_them() {
+        let (options, _) = postgres_options("postgres://db/shop").unwrap();
+        let set = options.get_options().unwrap();
+        for (name, value) in KEEPALIVE_SETTINGS {
+            assert!(set.contains(&format!("-c {name}={value}")), "{set}");
+        }
+        let (options, _) =
+            postgres_options("postgres://db/shop?options=-c%20tcp_keepalives_idle%3D60").unwrap();
+        let set = options.get_options().unwrap();
+        assert!(set.contains("tcp_keepalives_idle=60"), "{set}");
+        assert!(!set.contains("tcp_keepalives_idle=10"), "{set}");
+        assert!(set.contains("tcp_keepalives_count=4"), "{set}");
+    }
 
     #[test]
     fn connect_timeout_is_taken_off_the_url() {

@@ -35,6 +35,7 @@ pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
         ("wal_slot", wal.slot),
         ("wal_publication", wal.publication),
         ("lease_refresh", wait(config.lease_refresh)),
+        ("statement_timeout", wait(config.statement_timeout)),
         ("retention", config.retention.map_or("off".into(), wait)),
         ("prune_interval", wait(config.prune_interval)),
         ("http_addr", DEFAULT_HTTP_ADDR.to_owned()),

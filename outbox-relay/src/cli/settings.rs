@@ -52,6 +52,7 @@ pub(super) struct DatabaseArgs {
 /// skip_parked = false
 /// topic_template = "outbox.event.{aggregate_type}"
 /// lease_refresh = "1s"
+/// statement_timeout = "30s"  # the relay's own statements; twice this without an answer: reconnect
 /// retention = "7d"           # or "off"
 /// prune_interval = "1m"
 /// http_addr = "127.0.0.1:9187"   # /metrics, /healthz, /readyz; or "off"
@@ -119,6 +120,10 @@ pub(super) struct Settings {
     /// How often replicas rebalance their shards.
     #[arg(long)]
     pub lease_refresh: Option<Wait>,
+    /// How long one of the relay's statements may run; a database silent for twice as long is
+    /// reconnected.
+    #[arg(long)]
+    pub statement_timeout: Option<Wait>,
     /// Delete published events older than this, such as 7d; `off` keeps them.
     #[arg(long)]
     pub retention: Option<Retention>,
@@ -319,6 +324,12 @@ impl Settings {
         }
         if let Some(Wait(d)) = self.lease_refresh {
             config.lease_refresh = d;
+        }
+        if let Some(Wait(d)) = self.statement_timeout {
+            if d < std::time::Duration::from_millis(1) {
+                return Err(UsageError("statement timeout must be at least 1ms".into()));
+            }
+            config.statement_timeout = d;
         }
         if let Some(Retention(r)) = self.retention {
             config.retention = r;

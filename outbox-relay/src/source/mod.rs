@@ -8,18 +8,26 @@ pub mod wal;
 
 use crate::batch::{Claim, Limits, Outcome};
 use crate::config::{self, Mode, RelayConfig};
-use crate::database::Backend;
+use crate::database::{Backend, answered_within};
 use crate::error::SourceError;
 use crate::tasks::BackgroundTasks;
 use table::prune::{self, Pruned};
 use table::{OutboxTable, TableSource};
+use std::time::Duration;
 use tokio::time::Instant;
 use wal::WalStream;
 
 pub(crate) use interface::Source;
 
-/// The source a relay's configuration names, opened on its own connections.
-pub(crate) enum Opened {
+/// The source a relay's configuration names, opened on its own connections. A call that reaches
+/// the database is given up when the database stays silent for twice the statement timeout (a
+/// call runs a few statements, each limited by the server): its host vanished.
+pub(crate) struct Opened {
+    source: Kind,
+    call_limit: Duration,
+}
+
+enum Kind {
     Table(TableSource),
     Wal(Box<WalStream>),
 }
@@ -28,63 +36,79 @@ impl Opened {
     /// Connects the configured source; its connection-bound work (the table's listener) runs as
     /// one of `tasks`.
     pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, SourceError> {
-        Ok(match &config.source {
-            config::Source::Table => Opened::Table(TableSource::open(config, tasks).await?),
+        let source = match &config.source {
+            config::Source::Table => Kind::Table(TableSource::open(config, tasks).await?),
             config::Source::Wal(source) => {
-                Opened::Wal(Box::new(WalStream::open(config, source).await?))
+                Kind::Wal(Box::new(WalStream::open(config, source).await?))
             }
+        };
+        Ok(Opened {
+            source,
+            call_limit: config.statement_timeout.saturating_mul(2),
         })
     }
 }
 
 impl Source for Opened {
     async fn claim(&mut self, limits: &Limits, in_flight: &[i64]) -> Result<Claim, SourceError> {
-        match self {
-            Opened::Table(source) => source.claim(limits, in_flight).await,
-            Opened::Wal(source) => source.claim(limits, in_flight).await,
-        }
+        answered_within(self.call_limit, async {
+            match &mut self.source {
+                Kind::Table(source) => source.claim(limits, in_flight).await,
+                Kind::Wal(source) => source.claim(limits, in_flight).await,
+            }
+        })
+        .await
     }
 
     async fn settle(&mut self, outcome: &Outcome) -> Result<(), SourceError> {
-        match self {
-            Opened::Table(source) => source.settle(outcome).await,
-            Opened::Wal(source) => source.settle(outcome).await,
-        }
+        answered_within(self.call_limit, async {
+            match &mut self.source {
+                Kind::Table(source) => source.settle(outcome).await,
+                Kind::Wal(source) => source.settle(outcome).await,
+            }
+        })
+        .await
     }
 
     async fn new_events(&mut self) {
-        match self {
-            Opened::Table(source) => source.new_events().await,
-            Opened::Wal(source) => source.new_events().await,
+        match &mut self.source {
+            Kind::Table(source) => source.new_events().await,
+            Kind::Wal(source) => source.new_events().await,
         }
     }
 
     fn wake_at(&self, until: Instant) -> Instant {
-        match self {
-            Opened::Table(source) => source.wake_at(until),
-            Opened::Wal(source) => source.wake_at(until),
+        match &self.source {
+            Kind::Table(source) => source.wake_at(until),
+            Kind::Wal(source) => source.wake_at(until),
         }
     }
 
     fn rebalance_due(&self) -> bool {
-        match self {
-            Opened::Table(source) => source.rebalance_due(),
-            Opened::Wal(source) => source.rebalance_due(),
+        match &self.source {
+            Kind::Table(source) => source.rebalance_due(),
+            Kind::Wal(source) => source.rebalance_due(),
         }
     }
 
     async fn rebalance(&mut self) -> Result<(), SourceError> {
-        match self {
-            Opened::Table(source) => source.rebalance().await,
-            Opened::Wal(source) => source.rebalance().await,
-        }
+        answered_within(self.call_limit, async {
+            match &mut self.source {
+                Kind::Table(source) => source.rebalance().await,
+                Kind::Wal(source) => source.rebalance().await,
+            }
+        })
+        .await
     }
 
     async fn leave(self) -> Result<(), SourceError> {
-        match self {
-            Opened::Table(source) => source.leave().await,
-            Opened::Wal(source) => source.leave().await,
-        }
+        answered_within(self.call_limit, async {
+            match self.source {
+                Kind::Table(source) => source.leave().await,
+                Kind::Wal(source) => source.leave().await,
+            }
+        })
+        .await
     }
 }
 

@@ -49,6 +49,9 @@ impl TableSource {
     /// listener is one of `tasks`, and stops with them.
     pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, sqlx::Error> {
         let mut table = OutboxTable::connect(&config.database_url).await?;
+        if let Some(conn) = table.postgres() {
+            crate::database::limit_statements(conn, config.statement_timeout).await?;
+        }
         let leases = match table.postgres() {
             Some(conn) => Some(Leases::join(conn, config.lease_refresh).await?),
             None => None,
@@ -262,6 +265,9 @@ impl OutboxTable {
     }
 }
 
+/// How long one tick of periodic work may go without an answer from the database.
+const TICK_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Runs `task` every `every` until `shutdown`, on a connection of its own that is opened again after
 /// a failure. For the relay's background work (pruning, sampling the backlog): a failure is logged
 /// and the task tried again at the next tick.
@@ -277,11 +283,17 @@ pub(crate) async fn every_tick(
         if table.is_none() {
             table = OutboxTable::connect(database_url).await.ok();
         }
-        if let Some(connected) = table.as_mut()
-            && let Err(e) = task(connected).await
-        {
-            tracing::warn!(error = %e, "{what} failed; trying again at the next tick");
-            table = None;
+        if let Some(connected) = table.as_mut() {
+            // A database gone silent (its host vanished) neither holds the task forever nor
+            // keeps the relay from stopping.
+            let done = tokio::select! {
+                done = crate::database::answered_within(TICK_LIMIT, task(connected)) => done,
+                () = shutdown.cancelled() => return,
+            };
+            if let Err(e) = done {
+                tracing::warn!(error = %e, "{what} failed; trying again at the next tick");
+                table = None;
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(every) => {}

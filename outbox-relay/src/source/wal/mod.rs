@@ -110,6 +110,7 @@ impl WalStream {
     pub async fn open(config: &RelayConfig, source: &WalSource) -> Result<Self, SourceError> {
         let url = &config.database_url;
         let mut db = connect(url).await?;
+        crate::database::limit_statements(&mut db, config.statement_timeout).await?;
         slot::prepare(&mut db, source).await?;
         let standby = || SourceError::Standby(source.slot.clone());
         if slot::status(&mut db, &source.slot)
