@@ -38,7 +38,9 @@ pub async fn drain(
             let sink = KafkaSink::new(&KafkaConfig::new(brokers)).expect("sink");
             let relay = Relay::new(config(&db.url, batch, mode), sink);
             let shutdown = shutdown.clone();
-            tokio::spawn(async move { relay.run(shutdown).await.expect("the relay refused to run") })
+            tokio::spawn(
+                async move { relay.run(shutdown).await.expect("the relay refused to run") },
+            )
         })
         .collect();
     setup::wait_drained(&db).await;

@@ -69,7 +69,10 @@ impl State {
         match tokio::time::timeout(READY_TIMEOUT, sink.ready()).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(format!("{}: {e}", sink.name())),
-            Err(_) => Err(format!("{}: no answer within {READY_TIMEOUT:?}", sink.name())),
+            Err(_) => Err(format!(
+                "{}: no answer within {READY_TIMEOUT:?}",
+                sink.name()
+            )),
         }
     }
 }
@@ -115,6 +118,10 @@ mod tests {
 
         tokio::time::sleep(REUSE + Duration::from_millis(100)).await;
         readiness.check(url, &sink).await.unwrap();
-        assert_eq!(sink.0.load(Ordering::SeqCst), 2, "a probe after the reuse window");
+        assert_eq!(
+            sink.0.load(Ordering::SeqCst),
+            2,
+            "a probe after the reuse window"
+        );
     }
 }

@@ -56,7 +56,10 @@ fn iptables(action: &str, rule: &[String]) {
         .unwrap_or_else(|e| {
             panic!("cannot run iptables ({e}): these tests need it, and root (scripts/setup installs it)")
         });
-    assert!(status.success(), "iptables {action} {rule:?} failed (root needed)");
+    assert!(
+        status.success(),
+        "iptables {action} {rule:?} failed (root needed)"
+    );
 }
 
 /// The port PostgreSQL listens on, from the fixture's URL.
@@ -151,8 +154,7 @@ async fn a_vanished_replicas_shards_move_within_about_half_a_minute() {
     common::signal(&first, "STOP");
     let hole = Blackhole::of(&connections_of(first.id(), postgres_port(&f)));
     record(&f, 200).await;
-    let took =
-        wait_until_holding(&f, second.id(), |n| n == 256, Duration::from_secs(120)).await;
+    let took = wait_until_holding(&f, second.id(), |n| n == 256, Duration::from_secs(120)).await;
     eprintln!("the vanished replica's shards moved after {took:?}");
     f.wait_until_drained(Duration::from_secs(30)).await;
 

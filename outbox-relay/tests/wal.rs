@@ -716,7 +716,13 @@ async fn other_tools_publications_are_told_from_the_wal_relays() {
     .unwrap();
     let brokers = common::kafka::brokers();
     let refused = relay_command()
-        .args(["run", "--database-url", &w.f.url, "--kafka-brokers", &brokers])
+        .args([
+            "run",
+            "--database-url",
+            &w.f.url,
+            "--kafka-brokers",
+            &brokers,
+        ])
         .args(["--http-addr", "off"])
         .args(w.flags())
         .output()
@@ -811,18 +817,30 @@ async fn a_dropped_slot_stops_the_relay_instead_of_starting_past_the_gap() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&status.stdout);
-    assert!(text.contains(&format!("slot {slot}:")) && text.contains("MISSING"), "{text}");
+    assert!(
+        text.contains(&format!("slot {slot}:")) && text.contains("MISSING"),
+        "{text}"
+    );
 
     let brokers = common::kafka::brokers();
     let again = relay_command()
-        .args(["run", "--database-url", &w.f.url, "--kafka-brokers", &brokers])
+        .args([
+            "run",
+            "--database-url",
+            &w.f.url,
+            "--kafka-brokers",
+            &brokers,
+        ])
         .args(["--http-addr", "off"])
         .args(w.flags())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert_eq!(again.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains(&gap) && stderr.contains("wal drop"), "{stderr}");
+    assert!(
+        stderr.contains(&gap) && stderr.contains("wal drop"),
+        "{stderr}"
+    );
 
     let dropped = relay_command()
         .args(["wal", "drop", "--database-url", &w.f.url])
@@ -830,7 +848,10 @@ async fn a_dropped_slot_stops_the_relay_instead_of_starting_past_the_gap() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&dropped.stdout);
-    assert!(text.contains(&format!("dropped publication {}", w.source.publication)), "{text}");
+    assert!(
+        text.contains(&format!("dropped publication {}", w.source.publication)),
+        "{text}"
+    );
     let mut relay = w.spawn_relay(&[]);
     w.wait_for_slot().await;
     wait_until_reading(&w).await;

@@ -108,13 +108,10 @@ impl PulsarConsumer {
         topics: &[&str],
         options: ConsumerOptions,
     ) -> Result<Self, ConsumerError> {
-        let client = connection
-            .connect(None)
-            .await
-            .map_err(|e| {
-                let url = redact_userinfo(&connection.url);
-                ConsumerError::Broker(format!("connect to {url}: {e}"))
-            })?;
+        let client = connection.connect(None).await.map_err(|e| {
+            let url = redact_userinfo(&connection.url);
+            ConsumerError::Broker(format!("connect to {url}: {e}"))
+        })?;
         Self::with_client(client, topics, options).await
     }
 

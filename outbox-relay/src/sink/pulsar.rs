@@ -121,7 +121,10 @@ struct Connected {
 impl std::fmt::Debug for PulsarSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PulsarSink")
-            .field("url", &crate::redact::redact_url(&self.config.connection.url))
+            .field(
+                "url",
+                &crate::redact::redact_url(&self.config.connection.url),
+            )
             .finish_non_exhaustive()
     }
 }

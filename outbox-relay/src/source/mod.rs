@@ -11,9 +11,9 @@ use crate::config::{self, Mode, RelayConfig};
 use crate::database::{Backend, answered_within};
 use crate::error::SourceError;
 use crate::tasks::BackgroundTasks;
+use std::time::Duration;
 use table::prune::{self, Pruned};
 use table::{OutboxTable, TableSource};
-use std::time::Duration;
 use tokio::time::Instant;
 use wal::WalStream;
 

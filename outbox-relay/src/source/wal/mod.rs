@@ -120,9 +120,10 @@ impl WalStream {
             return Err(standby());
         }
         let parked = Parked::load(&mut db, config.skip_parked).await?;
-        let outbox: sqlx::postgres::types::Oid = sqlx::query_scalar("SELECT 'outbox'::regclass::oid")
-            .fetch_one(&mut db)
-            .await?;
+        let outbox: sqlx::postgres::types::Oid =
+            sqlx::query_scalar("SELECT 'outbox'::regclass::oid")
+                .fetch_one(&mut db)
+                .await?;
         let mut wal = ReplicationClient::connect(replication_config(url, source)?).await?;
         if let Err(e) = wal.wait_started().await {
             return Err(if e.to_string().contains("is active for PID") {

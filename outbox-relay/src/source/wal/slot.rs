@@ -146,7 +146,10 @@ const OLDEST_VERSION: u32 = 14;
 
 /// Whether the WAL source can read a server of `server_version_num`.
 fn supported_version(server_version_num: &str) -> Result<(), Refused> {
-    let major = server_version_num.trim().parse::<u32>().map_or(0, |n| n / 10_000);
+    let major = server_version_num
+        .trim()
+        .parse::<u32>()
+        .map_or(0, |n| n / 10_000);
     if major >= OLDEST_VERSION {
         return Ok(());
     }
@@ -199,7 +202,10 @@ async fn mark_ours(
     };
     // Both names were checked to be plain identifiers (`WalSource::new`).
     let comment = format!("COMMENT ON PUBLICATION {publication} IS '{mark}'");
-    match sqlx::raw_sql(sqlx::AssertSqlSafe(comment)).execute(conn).await {
+    match sqlx::raw_sql(sqlx::AssertSqlSafe(comment))
+        .execute(conn)
+        .await
+    {
         Ok(_) => Ok(()),
         // Made by another role for the relay: it works unmarked, with less guarding.
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => {
