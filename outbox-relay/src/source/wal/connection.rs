@@ -4,7 +4,7 @@
 use crate::config::WalSource;
 use crate::database::postgres_options;
 use crate::error::SourceError;
-use pgwire_replication::{ReplicationConfig, TlsConfig};
+use pgwire_replication::{ReplicationConfig, SslMode, TlsConfig};
 use sqlx::postgres::PgSslMode;
 use std::time::Duration;
 
@@ -13,7 +13,8 @@ use std::time::Duration;
 /// alias `ssl-mode`, else `PGSSLMODE`) from the parsed options; the password (the URL's, its
 /// `password` parameter, else `PGPASSWORD`) and the certificate paths (`sslrootcert` or
 /// `PGSSLROOTCERT`, `sslcert`, `sslkey`), which sqlx does not hand back, from the URL. `prefer`
-/// and `allow` mean no TLS here: the replication client cannot fall back (see issue #25).
+/// (sqlx's default, as libpq's) uses TLS when the server offers it, as sqlx does; so does `allow`
+/// here (libpq would try without TLS first).
 pub(super) fn replication_config(
     url: &str,
     source: &WalSource,
@@ -40,8 +41,17 @@ pub(super) fn replication_config(
         PgSslMode::Require => TlsConfig::require(),
         PgSslMode::VerifyCa => TlsConfig::verify_ca(root),
         PgSslMode::VerifyFull => TlsConfig::verify_full(root),
-        PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => TlsConfig::disabled(),
+        PgSslMode::Allow | PgSslMode::Prefer => TlsConfig {
+            mode: SslMode::Prefer,
+            ..TlsConfig::disabled()
+        },
+        PgSslMode::Disable => TlsConfig::disabled(),
     };
+    // An IP address is verified against the certificate's IP addresses, as sqlx does on the
+    // other connections; the replication client wants it named for that.
+    if options.get_host().parse::<std::net::IpAddr>().is_ok() {
+        tls.sni_hostname = Some(options.get_host().to_owned());
+    }
     if let (Some(cert), Some(key)) = (query("sslcert"), query("sslkey")) {
         tls = tls.with_client_cert(
             std::path::PathBuf::from(cert),
@@ -77,7 +87,6 @@ fn percent_decode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pgwire_replication::SslMode;
 
     fn config(url: &str) -> ReplicationConfig {
         replication_config(url, &WalSource::default()).unwrap()
@@ -98,13 +107,17 @@ mod tests {
             c.tls.ca_pem_path.as_deref(),
             Some(std::path::Path::new("/ca.pem"))
         );
+        let c = config("postgres://relay@10.0.0.5/shop?sslmode=verify-full");
+        assert_eq!(c.tls.sni_hostname.as_deref(), Some("10.0.0.5"));
         let c = config("postgres://relay@db/shop?sslmode=require&password=secret");
         assert_eq!(
             (c.tls.mode, c.password.as_str()),
             (SslMode::Require, "secret")
         );
+        // sqlx's default, prefer: TLS when the server offers it, on both connections.
+        assert_eq!(config("postgres://relay@db/shop").tls.mode, SslMode::Prefer);
         assert_eq!(
-            config("postgres://relay@db/shop").tls.mode,
+            config("postgres://relay@db/shop?sslmode=disable").tls.mode,
             SslMode::Disable
         );
     }
