@@ -32,10 +32,22 @@ impl Backend {
     }
 }
 
-/// Opens a PostgreSQL connection of the relay, within the URL's connect timeout.
+/// Opens a PostgreSQL connection of the relay, within the URL's connect timeout, with the
+/// [`KEEPALIVE_SETTINGS`] the URL leaves unset.
 pub(crate) async fn connect_postgres(url: &str) -> Result<PgConnection, sqlx::Error> {
     let (options, timeout) = postgres_options(url)?;
-    tokio::time::timeout(timeout, PgConnection::connect_with(&options))
+    let connect = async {
+        let mut conn = PgConnection::connect_with(&options).await?;
+        // SET, not startup options: a pooler such as PgBouncer refuses an `options` parameter.
+        let keepalives = keepalive_sql(options.get_options());
+        if !keepalives.is_empty() {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(keepalives))
+                .execute(&mut conn)
+                .await?;
+        }
+        Ok(conn)
+    };
+    tokio::time::timeout(timeout, connect)
         .await
         .unwrap_or_else(|_| {
             Err(sqlx::Error::Io(std::io::Error::new(
@@ -77,8 +89,8 @@ pub(crate) fn connect_timeout(url: &str) -> (String, Duration) {
 /// The name the relay's connections show in `pg_stat_activity`, unless the URL sets one.
 pub const APPLICATION_NAME: &str = "outbox-relay";
 
-/// The server settings every relay connection starts with, unless the URL's `options` parameter
-/// sets them: PostgreSQL probes an idle connection after 10 s, every 5 s, and ends it after 4
+/// The server settings every relay connection sets once connected, unless the URL's `options`
+/// parameter sets them: PostgreSQL probes an idle connection after 10 s, every 5 s, and ends it after 4
 /// unanswered probes, or once data it sent stays unacknowledged for 30 s. So when a relay's host
 /// vanishes without closing its sockets, its sessions end (and with them its shard leases) in
 /// about 30 s, not after the kernel's two hours.
@@ -90,8 +102,7 @@ pub(crate) const KEEPALIVE_SETTINGS: [(&str, &str); 4] = [
 ];
 
 /// The connection options of a PostgreSQL URL, named [`APPLICATION_NAME`] unless the URL (or
-/// `PGAPPNAME`) names them, with [`KEEPALIVE_SETTINGS`] the URL leaves unset, and the URL's
-/// connect timeout.
+/// `PGAPPNAME`) names them, and the URL's connect timeout.
 pub(crate) fn postgres_options(
     url: &str,
 ) -> Result<(sqlx::postgres::PgConnectOptions, Duration), sqlx::Error> {
@@ -101,13 +112,19 @@ pub(crate) fn postgres_options(
     if options.get_application_name().is_none() {
         options = options.application_name(APPLICATION_NAME);
     }
-    let set_by_url = options.get_options().unwrap_or_default().to_owned();
-    options = options.options(
-        KEEPALIVE_SETTINGS
-            .into_iter()
-            .filter(|(name, _)| !set_by_url.contains(name)),
-    );
     Ok((options, timeout))
+}
+
+/// The `SET` statements of the [`KEEPALIVE_SETTINGS`] that the URL's `options` (`set_by_url`)
+/// leave unset; empty when it sets them all.
+fn keepalive_sql(set_by_url: Option<&str>) -> String {
+    let set_by_url = set_by_url.unwrap_or_default();
+    KEEPALIVE_SETTINGS
+        .iter()
+        .filter(|(name, _)| !set_by_url.contains(name))
+        .map(|(name, value)| format!("SET {name} = {value}"))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Limits the relay's own statements on `conn` to `timeout` (`statement_timeout`).
@@ -143,17 +160,15 @@ mod tests {
 
     #[test]
     fn keepalives_are_set_unless_the_url_sets_them() {
-        let (options, _) = postgres_options("postgres://db/shop").unwrap();
-        let set = options.get_options().unwrap();
+        let all = keepalive_sql(None);
         for (name, value) in KEEPALIVE_SETTINGS {
-            assert!(set.contains(&format!("-c {name}={value}")), "{set}");
+            assert!(all.contains(&format!("SET {name} = {value}")), "{all}");
         }
         let (options, _) =
             postgres_options("postgres://db/shop?options=-c%20tcp_keepalives_idle%3D60").unwrap();
-        let set = options.get_options().unwrap();
-        assert!(set.contains("tcp_keepalives_idle=60"), "{set}");
-        assert!(!set.contains("tcp_keepalives_idle=10"), "{set}");
-        assert!(set.contains("tcp_keepalives_count=4"), "{set}");
+        let rest = keepalive_sql(options.get_options());
+        assert!(!rest.contains("tcp_keepalives_idle"), "{rest}");
+        assert!(rest.contains("SET tcp_keepalives_count = 4"), "{rest}");
     }
 
     #[test]
