@@ -14,12 +14,38 @@
 //! `space` is a hash of the outbox table's OID: advisory locks are database-wide, and relays of
 //! outbox tables in other schemas must not share leases with this one.
 
+use crate::error::SourceError;
 use sqlx::postgres::PgConnection;
 use std::time::{Duration, Instant};
 
 /// Number of shards; the `shard` column is `hash & 255`. Second lock keys below it are shard
 /// leases, keys from it up are memberships.
 pub(crate) const SHARDS: i16 = 256;
+
+/// Whether this session holds the membership lock `($1, $2)`.
+const HOLDS_MEMBERSHIP: &str = "SELECT 1 FROM pg_locks
+    WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND granted AND objsubid = 2
+      AND classid = $1::int4::oid AND objid = $2::int4::oid";
+
+/// The server session's process id, asked on the simple protocol.
+async fn backend_pid(conn: &mut PgConnection) -> Result<i32, sqlx::Error> {
+    use sqlx::Row;
+    sqlx::raw_sql("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await?
+        .try_get(0)
+}
+
+/// Why a relay behind a transaction-mode pooler must not run.
+fn pooled() -> SourceError {
+    SourceError::Refused(
+        "the relay's database session does not keep the locks it takes: a pooler in transaction \
+         mode (PgBouncer's pool_mode = transaction, say) hands its statements to other sessions, \
+         so two replicas could publish one shard. Connect the relay to PostgreSQL directly, or \
+         through a pool in session mode"
+            .into(),
+    )
+}
 
 /// This replica's leases.
 #[derive(Debug)]
@@ -36,25 +62,45 @@ pub(crate) struct Leases {
 
 impl Leases {
     /// Registers this replica as a member. Leases are taken by the first [`Leases::refresh`].
+    ///
+    /// Refused when the session does not keep what it took: a pooler in transaction mode
+    /// (PgBouncer's `pool_mode = transaction`) hands each statement to any server session, so
+    /// session locks would not be the relay's and two replicas could own one shard.
     pub async fn join(
         conn: &mut PgConnection,
         refresh_every: Duration,
-    ) -> Result<Self, sqlx::Error> {
+    ) -> Result<Self, SourceError> {
+        // First, on the simple protocol, which any pooler passes (prepared statements may not
+        // survive one): do two statements run in one server session?
+        if backend_pid(conn).await? != backend_pid(conn).await? {
+            return Err(pooled());
+        }
         let space: i32 =
             sqlx::query_scalar("SELECT hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)")
                 .fetch_one(&mut *conn)
                 .await?;
-        let member = loop {
+        let (member, backend) = loop {
             let candidate = rand::random_range(i32::from(SHARDS)..i32::MAX);
-            let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-                .bind(space)
-                .bind(candidate)
-                .fetch_one(&mut *conn)
-                .await?;
+            let (taken, backend): (bool, i32) =
+                sqlx::query_as("SELECT pg_try_advisory_lock($1, $2), pg_backend_pid()")
+                    .bind(space)
+                    .bind(candidate)
+                    .fetch_one(&mut *conn)
+                    .await?;
             if taken {
-                break candidate;
+                break (candidate, backend);
             }
         };
+        let (backend_now, holds): (i32, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT pg_backend_pid(), EXISTS ({HOLDS_MEMBERSHIP})"
+        )))
+        .bind(space)
+        .bind(member)
+        .fetch_one(&mut *conn)
+        .await?;
+        if backend_now != backend || !holds {
+            return Err(pooled());
+        }
         Ok(Leases {
             space,
             member,
@@ -85,18 +131,25 @@ impl Leases {
     /// Rebalances: counts live replicas, releases shards above this replica's fair share, and
     /// tries to lease free shards up to it. Call it only with nothing in flight, when
     /// [`due`](Self::due).
-    pub async fn refresh(&mut self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    ///
+    /// Refused when this session no longer holds its membership: a pooler in transaction mode
+    /// ran the statement on another server session (see [`join`](Self::join)).
+    pub async fn refresh(&mut self, conn: &mut PgConnection) -> Result<(), SourceError> {
         self.next_refresh = Instant::now() + self.refresh_every;
-        let members: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_locks
+        let (members, holds): (i64, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*), EXISTS ({HOLDS_MEMBERSHIP}) FROM pg_locks
              WHERE locktype = 'advisory' AND granted AND objsubid = 2
-               AND classid = $1::int4::oid AND objid >= $2::int4::oid
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-        )
+               AND classid = $1::int4::oid AND objid >= $3::int4::oid
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )))
         .bind(self.space)
+        .bind(self.member)
         .bind(i32::from(SHARDS))
         .fetch_one(&mut *conn)
         .await?;
+        if !holds {
+            return Err(pooled());
+        }
         let members_usize = usize::try_from(members.max(1)).unwrap_or(1);
         let fair = (SHARDS as usize).div_ceil(members_usize);
 

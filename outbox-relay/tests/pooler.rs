@@ -1,0 +1,223 @@
+//! A relay behind PgBouncer (Debian's, started here) in transaction mode: its statements run in
+//! whichever server session is free, so its session locks (the shard leases) would not be its
+//! own, and two replicas could publish one shard. The relay finds out at start and refuses with a
+//! clear error; in session mode, the same relay runs.
+
+mod common;
+
+use common::relay_command;
+use seaorm_outbox::sea_orm::ConnectionTrait;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A PgBouncer in front of the test PostgreSQL's `database`, in `pool_mode`, stopped when dropped.
+struct PgBouncer {
+    child: std::process::Child,
+    port: u16,
+    _dir: Dir,
+}
+
+/// A directory the `postgres` user can read (PgBouncer refuses to run as root, and the run's
+/// temporary folder is private), removed when dropped.
+struct Dir(std::path::PathBuf);
+
+impl Dir {
+    fn new() -> Dir {
+        let path = std::path::PathBuf::from(format!(
+            "/tmp/outbox-pgbouncer-{}",
+            seaorm_outbox::Uuid::now_v7().simple()
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Dir(path)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl PgBouncer {
+    fn start(database: &str, pool_mode: &str) -> PgBouncer {
+        let url = outbox_tests::postgres_url();
+        let (_, rest) = url.split_once('@').unwrap();
+        let (authority, _) = rest.split_once('/').unwrap();
+        let (host, port) = authority.rsplit_once(':').unwrap();
+        let listen = common::free_port();
+        let dir = Dir::new();
+        let ini = dir.0.join("pgbouncer.ini");
+        let users = dir.0.join("users.txt");
+        std::fs::write(&users, "\"postgres\" \"\"\n").unwrap();
+        // Round robin over a few server sessions: consecutive statements go to different ones, as
+        // they do on a busy pooler.
+        std::fs::write(
+            &ini,
+            format!(
+                "[databases]\n{database} = host={host} port={port} dbname={database} user=postgres\n\
+                 [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n\
+                 auth_type = trust\nauth_file = {users}\npool_mode = {pool_mode}\n\
+                 server_round_robin = 1\ndefault_pool_size = 4\n\
+                 ignore_startup_parameters = options,extra_float_digits\n",
+                users = users.display()
+            ),
+        )
+        .unwrap();
+        let _ = Command::new("chown")
+            .args(["-R", "postgres:", dir.0.to_str().unwrap()])
+            .status();
+        // Started as root, it runs as postgres (`-u`): it refuses to run as root.
+        let child = Command::new("pgbouncer")
+            .args(["-u", "postgres"])
+            .arg(&ini)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start pgbouncer ({e}): scripts/setup installs it (apt pgbouncer)")
+            });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", listen)).is_err() {
+            assert!(Instant::now() < deadline, "pgbouncer did not listen on {listen}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        PgBouncer {
+            child,
+            port: listen,
+            _dir: dir,
+        }
+    }
+
+    fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+}
+
+impl Drop for PgBouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
+    // A database of its own: PgBouncer passes no search_path (it ignores `options`), so the
+    // outbox is in its public schema.
+    let database = format!("pooled_{}", seaorm_outbox::Uuid::now_v7().simple());
+    let (admin, _) = outbox_tests::postgres_schema().await;
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {database}"))
+        .await
+        .unwrap();
+    let direct = {
+        let url = outbox_tests::postgres_url();
+        let (base, _) = url.rsplit_once('/').unwrap();
+        format!("{base}/{database}")
+    };
+    let migrated = relay_command()
+        .args(["migrate", "--database-url", &direct])
+        .output()
+        .unwrap();
+    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+
+    let backends = |at_least: i64, at_most: i64| {
+        let admin = admin.clone();
+        let database = database.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let n = admin
+                    .query_one_raw(seaorm_outbox::sea_orm::Statement::from_string(
+                        seaorm_outbox::sea_orm::DbBackend::Postgres,
+                        format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'"),
+                    ))
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .try_get_by_index::<i64>(0)
+                    .unwrap();
+                if (at_least..=at_most).contains(&n) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{n} sessions on {database} after 30 s");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    for (mode, refused) in [("transaction", true), ("session", false)] {
+        let bouncer = PgBouncer::start(&database, mode);
+        if refused {
+            // Four clients at once open four server sessions, which stay in the pool: the
+            // relay's statements are then spread over them, as on a busy pooler.
+            let clients: Vec<_> = (0..4)
+                .map(|_| {
+                    Command::new("psql")
+                        .args([&bouncer.url(&database), "-qc", "SELECT pg_sleep(1)"])
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .expect("psql (scripts/setup installs postgresql-client)")
+                })
+                .collect();
+            for mut client in clients {
+                assert!(client.wait().unwrap().success());
+            }
+            backends(4, i64::MAX).await;
+        }
+        let mut relay = relay_command()
+            .args(["run", "--database-url", &bouncer.url(&database), "--sink", "stdout"])
+            .args(["--http-addr", "off"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if refused {
+            let (status, stderr) = common::wait_for_exit(
+                &mut relay,
+                Duration::from_secs(30),
+                "the relay ran behind a transaction-mode pooler",
+            );
+            assert_eq!(status.code(), Some(1), "{stderr}");
+            assert!(stderr.contains("pooler in transaction mode"), "{stderr}");
+        } else {
+            // Running, and holding every shard through its one session.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let held = admin
+                    .query_one_raw(seaorm_outbox::sea_orm::Statement::from_string(
+                        seaorm_outbox::sea_orm::DbBackend::Postgres,
+                        format!(
+                            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                             WHERE d.datname = '{database}' AND l.locktype = 'advisory'
+                               AND l.objid < 256 AND l.granted"
+                        ),
+                    ))
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .try_get_by_index::<i64>(0)
+                    .unwrap();
+                if held == 256 {
+                    break;
+                }
+                assert!(
+                    relay.try_wait().unwrap().is_none(),
+                    "the relay stopped in session mode"
+                );
+                assert!(Instant::now() < deadline, "{held} shards held after 30 s");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            common::signal(&relay, "TERM");
+            let (status, stderr) =
+                common::wait_for_exit(&mut relay, Duration::from_secs(30), "the relay ran on");
+            assert_eq!(status.code(), Some(0), "{status:?}: {stderr}");
+        }
+        drop(bouncer);
+        // The pool's server sessions, and any lock they held, gone before the next round.
+        backends(0, 0).await;
+    }
+    admin
+        .execute_unprepared(&format!("DROP DATABASE {database} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
