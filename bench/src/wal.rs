@@ -70,7 +70,7 @@ pub async fn prepare(config: &RelayConfig) {
 }
 
 pub async fn drop_slot(url: &str, source: &WalSource) {
-    seaorm_outbox_relay::wal::drop_source(url, source)
+    seaorm_outbox_relay::wal::drop_source(url, source, true)
         .await
         .expect("drop the slot");
 }

@@ -167,6 +167,9 @@ impl std::fmt::Debug for RelayConfig {
     }
 }
 
+/// The WAL source's default [`WalSource::window_bytes`].
+const DEFAULT_WINDOW_BYTES: usize = 64 << 20;
+
 /// Where the WAL source reads: a replication slot and the publication of the outbox table.
 ///
 /// ```
@@ -184,6 +187,10 @@ pub struct WalSource {
     pub slot: String,
     /// The publication of the outbox table's inserts, created if missing.
     pub publication: String,
+    /// How many payload bytes the source reads ahead of what the broker confirmed; the stream
+    /// pauses beyond it (and beyond 10,000 events), so a backlog of large events, or a broker
+    /// away, holds the relay's memory to about this. Default 64 MiB.
+    pub window_bytes: usize,
 }
 
 impl WalSource {
@@ -203,7 +210,11 @@ impl WalSource {
                 ));
             }
         }
-        Ok(WalSource { slot, publication })
+        Ok(WalSource {
+            slot,
+            publication,
+            window_bytes: DEFAULT_WINDOW_BYTES,
+        })
     }
 }
 
@@ -212,6 +223,7 @@ impl Default for WalSource {
         WalSource {
             slot: "outbox_relay".into(),
             publication: "outbox_relay".into(),
+            window_bytes: DEFAULT_WINDOW_BYTES,
         }
     }
 }

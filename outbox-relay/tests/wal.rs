@@ -859,6 +859,130 @@ async fn a_dropped_slot_stops_the_relay_instead_of_starting_past_the_gap() {
     w.drop_slot().await;
 }
 
+/// `wal drop` refuses a slot that holds events no relay has read, rows and table-less ones (they
+/// would never be published), and drops it with --force; other tables' WAL does not count.
+#[tokio::test]
+async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    wait_until_reading(&w).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    while w.slot_active().await {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let wal_drop = |force: bool| {
+        let mut command = relay_command();
+        command
+            .args(["wal", "drop", "--database-url", &w.f.url])
+            .args(["--slot", &w.source.slot, "--publication", &w.source.publication]);
+        if force {
+            command.arg("--force");
+        }
+        command.output().unwrap()
+    };
+    w.f.db
+        .execute_unprepared("CREATE TABLE unrelated (n int); INSERT INTO unrelated VALUES (1)")
+        .await
+        .unwrap();
+    let nothing_unread = wal_drop(false);
+    assert!(
+        nothing_unread.status.success(),
+        "{}",
+        String::from_utf8_lossy(&nothing_unread.stderr)
+    );
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    wait_until_reading(&w).await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    while w.slot_active().await {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    for n in 0..3 {
+        insert(&w, "m-0", n, "'{}'").await;
+    }
+    w.f.db
+        .execute_unprepared("SELECT pg_logical_emit_message(true, 'outbox', '{}')")
+        .await
+        .unwrap();
+    let refused = wal_drop(false);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("holds 4 events no relay has read yet"), "{stderr}");
+    assert!(w.f.scalar(&format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}'", w.source.slot
+    )).await == 1);
+
+    let forced = wal_drop(true);
+    let stdout = String::from_utf8_lossy(&forced.stdout);
+    assert!(forced.status.success(), "{stdout}");
+    assert!(stdout.contains(&format!("dropped replication slot {}", w.source.slot)), "{stdout}");
+}
+
+/// Kafka stopped (SIGSTOP) while it lives, resumed however the test ends.
+struct KafkaPaused;
+
+impl KafkaPaused {
+    fn new() -> Self {
+        services("pause-kafka");
+        KafkaPaused
+    }
+}
+
+impl Drop for KafkaPaused {
+    fn drop(&mut self) {
+        services("resume-kafka");
+    }
+}
+
+/// The relay's peak resident memory, in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib / 1024
+}
+
+/// Large events with the broker away: the source reads ahead of the broker's confirmations by a
+/// window in bytes (here 16 MB), not by 10,000 events, so 300 events of 900 kB waiting (270 MB)
+/// hold the relay to tens of megabytes; every one arrives, in order, once the broker is back.
+#[tokio::test]
+async fn large_events_with_the_broker_away_stay_within_the_window_in_bytes() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let mut relay = w.spawn_relay(&[
+        "--wal-window-bytes",
+        "16000000",
+        "--max-batch-bytes",
+        "4000000",
+    ]);
+    w.wait_for_slot().await;
+    wait_until_reading(&w).await;
+    let paused = KafkaPaused::new();
+    for n in 0..300 {
+        w.f.db
+            .execute_unprepared(&format!(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+                 VALUES (gen_random_uuid(), 'meter', 'm-0', 'Reading',
+                         jsonb_build_object('meter', 'm-0', 'n', {n}, 'pad', repeat('x', 900000)))"
+            ))
+            .await
+            .unwrap();
+    }
+    // Time to read all of it, were the window not there.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let peak = peak_rss_mib(relay.id());
+    drop(paused);
+    let received = consume(&[&w.f.topic("meter")], 300, Duration::from_secs(120)).await;
+    assert_eq!(assert_complete_and_ordered(&received, 300, 1), 0);
+    eprintln!("peak resident memory with 270 MB of events waiting: {peak} MiB");
+    assert!(peak < 150, "the relay held {peak} MiB with 270 MB of events waiting");
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    w.drop_slot().await;
+}
+
 #[tokio::test]
 async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
     let _one = ONE_AT_A_TIME.lock().await;

@@ -73,6 +73,9 @@ pub(super) enum WalCommand {
         /// The publication.
         #[arg(long, default_value = "outbox_relay")]
         publication: String,
+        /// Drop the slot even while it holds events no relay has read (they are lost).
+        #[arg(long)]
+        force: bool,
     },
 }
 

@@ -34,6 +34,7 @@ pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
         ("source", name(SourceKind::default())),
         ("wal_slot", wal.slot),
         ("wal_publication", wal.publication),
+        ("wal_window_bytes", wal.window_bytes.to_string()),
         ("lease_refresh", wait(config.lease_refresh)),
         ("statement_timeout", wait(config.statement_timeout)),
         ("retention", config.retention.map_or("off".into(), wait)),

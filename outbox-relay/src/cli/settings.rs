@@ -48,6 +48,7 @@ pub(super) struct DatabaseArgs {
 /// source = "table"           # or "wal": read the WAL (logical replication) instead of polling
 /// wal_slot = "outbox_relay"
 /// wal_publication = "outbox_relay"
+/// wal_window_bytes = 67108864  # payload bytes read ahead of the broker's confirmations
 /// strict = false
 /// skip_parked = false
 /// topic_template = "outbox.event.{aggregate_type}"
@@ -117,6 +118,9 @@ pub(super) struct Settings {
     /// The WAL source's publication of the outbox table, created if missing.
     #[arg(long, env = "OUTBOX_WAL_PUBLICATION")]
     pub wal_publication: Option<String>,
+    /// How many payload bytes the WAL source reads ahead of the broker's confirmations.
+    #[arg(long)]
+    pub wal_window_bytes: Option<usize>,
     /// How often replicas rebalance their shards.
     #[arg(long)]
     pub lease_refresh: Option<Wait>,
@@ -344,20 +348,30 @@ impl Settings {
         config.topic_template = self.topic_template();
         config.source = match self.source.unwrap_or_default() {
             SourceKind::Table => {
-                if self.wal_slot.is_some() || self.wal_publication.is_some() {
+                if self.wal_slot.is_some()
+                    || self.wal_publication.is_some()
+                    || self.wal_window_bytes.is_some()
+                {
                     return Err(UsageError(
-                        "--wal-slot and --wal-publication need --source wal".into(),
+                        "--wal-slot, --wal-publication and --wal-window-bytes need --source wal"
+                            .into(),
                     ));
                 }
                 crate::Source::Table
             }
             SourceKind::Wal => {
                 let default = crate::source::wal::WalSource::default();
-                let source = crate::source::wal::WalSource::new(
+                let mut source = crate::source::wal::WalSource::new(
                     self.wal_slot.clone().unwrap_or(default.slot),
                     self.wal_publication.clone().unwrap_or(default.publication),
                 )
                 .map_err(UsageError)?;
+                if let Some(bytes) = self.wal_window_bytes {
+                    if bytes == 0 {
+                        return Err(UsageError("WAL window must be at least 1 byte".into()));
+                    }
+                    source.window_bytes = bytes;
+                }
                 if Backend::of(&config.database_url) == Backend::Sqlite {
                     return Err(UsageError("--source wal needs PostgreSQL".into()));
                 }

@@ -11,9 +11,13 @@ use std::process::ExitCode;
 pub(super) async fn wal(settings: &Settings, command: WalCommand) -> Result<ExitCode, UsageError> {
     let url = settings.database_url()?;
     match command {
-        WalCommand::Drop { slot, publication } => {
+        WalCommand::Drop {
+            slot,
+            publication,
+            force,
+        } => {
             let source = WalSource::new(slot, publication).map_err(UsageError)?;
-            Ok(match crate::source::wal::drop_source(&url, &source).await {
+            Ok(match crate::source::wal::drop_source(&url, &source, force).await {
                 Ok(dropped) if dropped.is_empty() => {
                     println!(
                         "nothing to drop: no slot {} and no publication {}",
@@ -27,6 +31,7 @@ pub(super) async fn wal(settings: &Settings, command: WalCommand) -> Result<Exit
                     }
                     ExitCode::SUCCESS
                 }
+                Err(crate::SourceError::Refused(reason)) => failure(&reason),
                 Err(e) => failure(&format!("{}: {e}", redact_url(&url))),
             })
         }

@@ -115,7 +115,7 @@ impl WalFixture {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        seaorm_outbox_relay::wal::drop_source(&self.f.url, &self.source)
+        seaorm_outbox_relay::wal::drop_source(&self.f.url, &self.source, true)
             .await
             .expect("drop the slot");
     }

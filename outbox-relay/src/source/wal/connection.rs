@@ -8,6 +8,10 @@ use pgwire_replication::{ReplicationConfig, SslMode, TlsConfig};
 use sqlx::postgres::PgSslMode;
 use std::time::Duration;
 
+/// Bounds of the replication client's queue of messages, between its reader and the source.
+const MIN_BUFFERED: usize = 16;
+const MAX_BUFFERED: usize = 8192;
+
 /// The replication connection's settings, from the relay's PostgreSQL URL as sqlx reads it for
 /// the relay's other connections: host, port, user, database and the TLS mode (`sslmode` or its
 /// alias `ssl-mode`, else `PGSSLMODE`) from the parsed options; the password (the URL's, its
@@ -18,6 +22,7 @@ use std::time::Duration;
 pub(super) fn replication_config(
     url: &str,
     source: &WalSource,
+    max_payload_bytes: usize,
 ) -> Result<ReplicationConfig, SourceError> {
     let (options, _) = postgres_options(url)?;
     let parsed =
@@ -67,6 +72,11 @@ pub(super) fn replication_config(
         source.publication.as_str(),
     )
     .with_port(options.get_port())
+    // The client's own queue, ahead of the source's window: as many of the largest events as
+    // fit in the window, so it adds at most about the window again.
+    .with_buffer_size(
+        (source.window_bytes / max_payload_bytes.max(1)).clamp(MIN_BUFFERED, MAX_BUFFERED),
+    )
     .with_tls(tls)
     // Commit timestamps and `created_at` in one format whatever the server's defaults.
     .with_options("-c datestyle=ISO -c timezone=UTC")
@@ -89,7 +99,7 @@ mod tests {
     use super::*;
 
     fn config(url: &str) -> ReplicationConfig {
-        replication_config(url, &WalSource::default()).unwrap()
+        replication_config(url, &WalSource::default(), 1_000_000).unwrap()
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub(crate) use parked::RELEASE_PREFIX;
 pub use slot::{Refused, SlotStatus};
 
 /// How many events (and commits) read and not yet confirmed the source keeps; the stream pauses
-/// beyond it.
+/// beyond it, or beyond `WalSource::window_bytes` of payload.
 const MAX_UNCONFIRMED: usize = 10_000;
 
 /// How often a standby relay checks whether the slot's reader is gone.
@@ -58,10 +58,15 @@ pub(crate) async fn check(url: &str, source: &WalSource) -> Result<(), SourceErr
 }
 
 /// Drops the slot and the publication of `source` (`outbox-relay wal drop`); returns what it
-/// dropped. PostgreSQL refuses while a relay reads the slot.
-pub async fn drop_source(url: &str, source: &WalSource) -> Result<Vec<String>, sqlx::Error> {
+/// dropped. Refused ([`SourceError::Refused`]) while the slot holds events no relay has read yet,
+/// which would be lost, unless `force`. PostgreSQL refuses while a relay reads the slot.
+pub async fn drop_source(
+    url: &str,
+    source: &WalSource,
+    force: bool,
+) -> Result<Vec<String>, SourceError> {
     let mut db = connect(url).await?;
-    slot::drop_source(&mut db, source).await
+    Ok(slot::drop_source(&mut db, source, force).await?)
 }
 
 impl From<PgWireError> for SourceError {
@@ -96,6 +101,8 @@ pub(crate) struct WalStream {
     /// The last position confirmed to the server.
     confirmed: Lsn,
     max_payload_bytes: usize,
+    /// The window's bound in payload bytes (`WalSource::window_bytes`).
+    window_bytes: usize,
     /// Something was read or settled since the last claim: the next one may find events.
     fresh: bool,
     /// Why the stream stopped while the pump waited (reported by the next claim).
@@ -124,7 +131,8 @@ impl WalStream {
             sqlx::query_scalar("SELECT 'outbox'::regclass::oid")
                 .fetch_one(&mut db)
                 .await?;
-        let mut wal = ReplicationClient::connect(replication_config(url, source)?).await?;
+        let replication = replication_config(url, source, config.max_payload_bytes)?;
+        let mut wal = ReplicationClient::connect(replication).await?;
         if let Err(e) = wal.wait_started().await {
             return Err(if e.to_string().contains("is active for PID") {
                 standby()
@@ -150,6 +158,7 @@ impl WalStream {
             commit_ms: None,
             confirmed: Lsn::ZERO,
             max_payload_bytes: config.max_payload_bytes,
+            window_bytes: source.window_bytes,
             fresh: true,
             failure: None,
             next_retry: None,
@@ -211,9 +220,15 @@ impl WalStream {
         Ok(())
     }
 
-    /// Takes in what the stream has ready, without waiting, up to [`MAX_UNCONFIRMED`].
+    /// Whether the events read and not yet confirmed fill the window (their count, or their
+    /// payload bytes): the stream pauses then.
+    fn window_full(&self) -> bool {
+        self.read.len() >= MAX_UNCONFIRMED || self.read.bytes() >= self.window_bytes
+    }
+
+    /// Takes in what the stream has ready, without waiting, up to a full window.
     fn read_ready(&mut self) -> Result<(), SourceError> {
-        while self.read.len() < MAX_UNCONFIRMED {
+        while !self.window_full() {
             // Unconstrained: tokio's cooperative budget would end the loop after 128 events
             // even with more ready, and batches would never fill.
             match tokio::task::unconstrained(self.wal.recv()).now_or_never() {
@@ -405,7 +420,7 @@ impl Source for WalStream {
         if self.fresh || self.failure.is_some() {
             return;
         }
-        if self.read.len() >= MAX_UNCONFIRMED {
+        if self.window_full() {
             return std::future::pending().await;
         }
         let taken = match self.wal.recv().await {

@@ -386,17 +386,31 @@ pub(crate) async fn status(
     }))
 }
 
-/// Drops the slot and the publication; returns what it dropped. Fails while a relay reads the slot.
+/// Drops the slot and the publication; returns what it dropped. Refused while the slot holds
+/// events no relay has read (they would never be published), unless `force`; fails while a relay
+/// reads the slot.
 pub(crate) async fn drop_source(
     conn: &mut PgConnection,
     source: &WalSource,
-) -> Result<Vec<String>, sqlx::Error> {
+    force: bool,
+) -> Result<Vec<String>, Prepare> {
     let mut dropped = Vec::new();
     let slot: Option<bool> =
         sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
             .bind(&source.slot)
             .fetch_optional(&mut *conn)
             .await?;
+    if slot == Some(false) && !force {
+        let unread = unread_events(conn, source).await?;
+        if unread > 0 {
+            return Err(Prepare::Refused(Refused(format!(
+                "replication slot {} holds {unread} events no relay has read yet; dropping it \
+                 would lose them. Run the WAL relay until they are published (`outbox-relay \
+                 status` shows the slot 0 bytes behind), or drop it anyway with --force",
+                source.slot
+            ))));
+        }
+    }
     if slot.is_some() {
         sqlx::query("SELECT pg_drop_replication_slot($1)")
             .bind(&source.slot)
@@ -418,6 +432,31 @@ pub(crate) async fn drop_source(
         dropped.push(format!("publication {}", source.publication));
     }
     Ok(dropped)
+}
+
+/// The outbox events in the slot's unread WAL: rows inserted into this schema's outbox table and
+/// table-less events. Read without consuming them (a peek decodes the WAL up to now); none when
+/// the publication is gone (nothing could read them).
+async fn unread_events(conn: &mut PgConnection, source: &WalSource) -> Result<i64, sqlx::Error> {
+    if publication_of(&mut *conn, &source.publication)
+        .await?
+        .is_none()
+    {
+        return Ok(0);
+    }
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
+             'proto_version', '1', 'publication_names', $2, 'messages', 'true')
+         WHERE (get_byte(data, 0) = ascii('I') AND substring(data FROM 2 FOR 4)
+                  = substring(int8send(to_regclass('outbox')::oid::int8) FROM 5 FOR 4))
+            OR (get_byte(data, 0) = ascii('M')
+                AND substring(data FROM 11 FOR length($3) + 1) = convert_to($3, 'UTF8') || '\\x00'::bytea)",
+    )
+    .bind(&source.slot)
+    .bind(&source.publication)
+    .bind(seaorm_outbox::LOGICAL_MESSAGE_PREFIX)
+    .fetch_one(conn)
+    .await
 }
 
 /// Samples the slot into its gauges every `every` until `shutdown`.

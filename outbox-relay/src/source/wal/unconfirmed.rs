@@ -67,6 +67,8 @@ pub(super) struct Unconfirmed {
     entries: VecDeque<Entry>,
     /// The position of `entries[0]`.
     first: i64,
+    /// The payload bytes of the events in `entries`: the stream pauses at a bound.
+    bytes: usize,
 }
 
 impl Unconfirmed {
@@ -79,6 +81,11 @@ impl Unconfirmed {
         self.entries.is_empty()
     }
 
+    /// The payload bytes of the events read and not yet confirmed.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
     fn next_position(&self) -> i64 {
         self.first + self.entries.len() as i64
     }
@@ -86,6 +93,7 @@ impl Unconfirmed {
     /// An event read from the stream (`kept_seq: None`) or from the table by a release.
     pub fn push_event(&mut self, mut row: OutboxRow, kept_seq: Option<i64>) {
         row.position = self.next_position();
+        self.bytes += row.payload.len();
         self.entries.push_back(Entry::Event(Event {
             row,
             kept_seq,
@@ -139,7 +147,9 @@ impl Unconfirmed {
                 Some(Entry::Commit { lsn, commit_ms }) => confirmed = Some((*lsn, *commit_ms)),
                 _ => return confirmed,
             }
-            self.entries.pop_front();
+            if let Some(Entry::Event(event)) = self.entries.pop_front() {
+                self.bytes -= event.row.payload.len();
+            }
             self.first += 1;
         }
     }
@@ -159,6 +169,8 @@ impl Unconfirmed {
         assert!(self.release_due().is_some(), "no release at the front");
         self.entries.pop_front();
         let rest = std::mem::take(&mut self.entries);
+        // Counted again as they are pushed back.
+        self.bytes = 0;
         for row in events {
             let seq = row.seq;
             self.push_event(row, Some(seq));
@@ -210,6 +222,26 @@ mod tests {
         u.event_mut(3).unwrap().settled = true;
         assert_eq!(u.confirm(), Some((lsn(200), None)));
         assert!(u.is_empty());
+    }
+
+    #[test]
+    fn the_payload_bytes_read_and_not_confirmed_are_counted() {
+        let mut u = Unconfirmed::default();
+        let sized = |seq, bytes: usize| {
+            let mut row = row("a", seq);
+            row.payload = bytes::Bytes::from(vec![b'x'; bytes]);
+            row
+        };
+        u.push_event(sized(1, 100), None);
+        u.push_commit(lsn(100), None);
+        u.push_release(Release::of(vec![("order".into(), "a".into())]));
+        u.push_event(sized(2, 1000), None);
+        assert_eq!(u.bytes(), 1100);
+        u.event_mut(0).unwrap().settled = true;
+        u.confirm();
+        assert_eq!(u.bytes(), 1000);
+        u.released(vec![sized(0, 10)], None);
+        assert_eq!(u.bytes(), 1010);
     }
 
     #[test]
