@@ -16,6 +16,7 @@ mod connection;
 mod event;
 mod parked;
 mod pgoutput;
+pub(crate) mod publication;
 pub mod slot;
 mod unconfirmed;
 
@@ -226,7 +227,21 @@ impl WalStream {
         self.read.len() >= MAX_UNCONFIRMED || self.read.bytes() >= self.window_bytes
     }
 
-    /// Takes in what the stream has ready, without waiting, up to a full window.
+    /// Takes in what the stream has at hand, up to a full window. The replication client's
+    /// queue is short (large events must not pile up there), so between draining it this lets
+    /// the client refill it from what it has received, until nothing more comes at once.
+    async fn read_available(&mut self) -> Result<(), SourceError> {
+        loop {
+            let before = self.read.len();
+            self.read_ready()?;
+            if self.read.len() == before || self.window_full() {
+                return Ok(());
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Takes in what the client's queue holds, without waiting, up to a full window.
     fn read_ready(&mut self) -> Result<(), SourceError> {
         while !self.window_full() {
             // Unconstrained: tokio's cooperative budget would end the loop after 128 events
@@ -329,7 +344,7 @@ impl Source for WalStream {
         if let Some(e) = self.failure.take() {
             return Err(e);
         }
-        self.read_ready()?;
+        self.read_available().await?;
         self.fresh = false;
         self.confirm().await?;
         let in_flight: HashSet<i64> = in_flight.iter().copied().collect();
