@@ -112,7 +112,7 @@ pub async fn list(database_url: &str) -> Result<Vec<ParkedEvent>, sqlx::Error> {
 /// then released through the stream.
 async fn read_by_wal(table: &mut OutboxTable) -> Result<bool, sqlx::Error> {
     match table.postgres() {
-        Some(conn) => Ok(crate::source::wal::slot::publications(conn)
+        Some(conn) => Ok(crate::source::wal::publication::publications(conn)
             .await?
             .iter()
             .any(|p| p.ours)),

@@ -78,7 +78,10 @@ impl PgBouncer {
             });
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", listen)).is_err() {
-            assert!(Instant::now() < deadline, "pgbouncer did not listen on {listen}");
+            assert!(
+                Instant::now() < deadline,
+                "pgbouncer did not listen on {listen}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         PgBouncer {
@@ -119,7 +122,11 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
         .args(["migrate", "--database-url", &direct])
         .output()
         .unwrap();
-    assert!(migrated.status.success(), "{}", String::from_utf8_lossy(&migrated.stderr));
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
 
     let backends = |at_least: i64, at_most: i64| {
         let admin = admin.clone();
@@ -130,7 +137,9 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
                 let n = admin
                     .query_one_raw(seaorm_outbox::sea_orm::Statement::from_string(
                         seaorm_outbox::sea_orm::DbBackend::Postgres,
-                        format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'"),
+                        format!(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'"
+                        ),
                     ))
                     .await
                     .unwrap()
@@ -140,7 +149,10 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
                 if (at_least..=at_most).contains(&n) {
                     return;
                 }
-                assert!(Instant::now() < deadline, "{n} sessions on {database} after 30 s");
+                assert!(
+                    Instant::now() < deadline,
+                    "{n} sessions on {database} after 30 s"
+                );
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
@@ -165,7 +177,13 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
             backends(4, i64::MAX).await;
         }
         let mut relay = relay_command()
-            .args(["run", "--database-url", &bouncer.url(&database), "--sink", "stdout"])
+            .args([
+                "run",
+                "--database-url",
+                &bouncer.url(&database),
+                "--sink",
+                "stdout",
+            ])
             .args(["--http-addr", "off"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -26,7 +26,9 @@ fn tls_url() -> String {
 async fn fresh_schema() -> (DatabaseConnection, String, String) {
     let url = tls_url();
     let schema = format!("t_{}", seaorm_outbox::Uuid::now_v7().simple());
-    let admin = Database::connect(url.as_str()).await.expect("connect over TLS");
+    let admin = Database::connect(url.as_str())
+        .await
+        .expect("connect over TLS");
     admin
         .execute_unprepared(&format!("CREATE SCHEMA {schema}"))
         .await
@@ -57,7 +59,10 @@ async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
 async fn wait_until_zero(db: &DatabaseConnection, sql: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while scalar(db, sql).await != 0 {
-        assert!(Instant::now() < deadline, "still not zero after 60 s: {sql}");
+        assert!(
+            Instant::now() < deadline,
+            "still not zero after 60 s: {sql}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -91,15 +96,31 @@ async fn polling_and_wal_relays_publish_over_verified_tls() {
 
     record(&db, 1, 5).await;
     let mut polling = spawn_relay(&url, &prefix, &[]);
-    wait_until_zero(&db, "SELECT count(*) FROM outbox WHERE published_at IS NULL").await;
-    assert_eq!(common::terminate(&mut polling), Some(0), "{}", polling.log());
+    wait_until_zero(
+        &db,
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+    )
+    .await;
+    assert_eq!(
+        common::terminate(&mut polling),
+        Some(0),
+        "{}",
+        polling.log()
+    );
 
     // The WAL source: its replication connection must use TLS too, or the server refuses it.
     let name = format!("s_{}", &prefix[1..]);
     let mut wal = spawn_relay(
         &url,
         &prefix,
-        &["--source", "wal", "--wal-slot", &name, "--wal-publication", &name],
+        &[
+            "--source",
+            "wal",
+            "--wal-slot",
+            &name,
+            "--wal-publication",
+            &name,
+        ],
     );
     wait_until_zero(
         &db,
@@ -125,7 +146,14 @@ async fn polling_and_wal_relays_publish_over_verified_tls() {
     let mut wal = spawn_relay(
         &prefer,
         &prefix,
-        &["--source", "wal", "--wal-slot", &name, "--wal-publication", &name],
+        &[
+            "--source",
+            "wal",
+            "--wal-slot",
+            &name,
+            "--wal-publication",
+            &name,
+        ],
     );
     record(&db, 11, 15).await;
     let received = consume(&[&topic], 15, Duration::from_secs(60)).await;
@@ -166,6 +194,9 @@ async fn a_certificate_from_another_ca_or_no_tls_is_refused_with_a_clear_error()
         let stderr = String::from_utf8_lossy(&status.stderr);
         assert_eq!(status.status.code(), Some(1), "{url}: {stderr}");
         assert!(stderr.contains(expected), "{url}: {stderr}");
-        assert!(!stderr.contains(&password), "the password was printed: {stderr}");
+        assert!(
+            !stderr.contains(&password),
+            "the password was printed: {stderr}"
+        );
     }
 }

@@ -876,7 +876,12 @@ async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
         let mut command = relay_command();
         command
             .args(["wal", "drop", "--database-url", &w.f.url])
-            .args(["--slot", &w.source.slot, "--publication", &w.source.publication]);
+            .args([
+                "--slot",
+                &w.source.slot,
+                "--publication",
+                &w.source.publication,
+            ]);
         if force {
             command.arg("--force");
         }
@@ -910,15 +915,26 @@ async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
     let refused = wal_drop(false);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("holds 4 events no relay has read yet"), "{stderr}");
-    assert!(w.f.scalar(&format!(
-        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}'", w.source.slot
-    )).await == 1);
+    assert!(
+        stderr.contains("holds 4 events no relay has read yet"),
+        "{stderr}"
+    );
+    assert!(
+        w.f.scalar(&format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{}'",
+            w.source.slot
+        ))
+        .await
+            == 1
+    );
 
     let forced = wal_drop(true);
     let stdout = String::from_utf8_lossy(&forced.stdout);
     assert!(forced.status.success(), "{stdout}");
-    assert!(stdout.contains(&format!("dropped replication slot {}", w.source.slot)), "{stdout}");
+    assert!(
+        stdout.contains(&format!("dropped replication slot {}", w.source.slot)),
+        "{stdout}"
+    );
 }
 
 /// Kafka stopped (SIGSTOP) while it lives, resumed however the test ends.
@@ -978,7 +994,10 @@ async fn large_events_with_the_broker_away_stay_within_the_window_in_bytes() {
     let received = consume(&[&w.f.topic("meter")], 300, Duration::from_secs(120)).await;
     assert_eq!(assert_complete_and_ordered(&received, 300, 1), 0);
     eprintln!("peak resident memory with 270 MB of events waiting: {peak} MiB");
-    assert!(peak < 150, "the relay held {peak} MiB with 270 MB of events waiting");
+    assert!(
+        peak < 150,
+        "the relay held {peak} MiB with 270 MB of events waiting"
+    );
     assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
 }

@@ -17,23 +17,25 @@ pub(super) async fn wal(settings: &Settings, command: WalCommand) -> Result<Exit
             force,
         } => {
             let source = WalSource::new(slot, publication).map_err(UsageError)?;
-            Ok(match crate::source::wal::drop_source(&url, &source, force).await {
-                Ok(dropped) if dropped.is_empty() => {
-                    println!(
-                        "nothing to drop: no slot {} and no publication {}",
-                        source.slot, source.publication
-                    );
-                    ExitCode::SUCCESS
-                }
-                Ok(dropped) => {
-                    for what in dropped {
-                        println!("dropped {what}");
+            Ok(
+                match crate::source::wal::drop_source(&url, &source, force).await {
+                    Ok(dropped) if dropped.is_empty() => {
+                        println!(
+                            "nothing to drop: no slot {} and no publication {}",
+                            source.slot, source.publication
+                        );
+                        ExitCode::SUCCESS
                     }
-                    ExitCode::SUCCESS
-                }
-                Err(crate::SourceError::Refused(reason)) => failure(&reason),
-                Err(e) => failure(&format!("{}: {e}", redact_url(&url))),
-            })
+                    Ok(dropped) => {
+                        for what in dropped {
+                            println!("dropped {what}");
+                        }
+                        ExitCode::SUCCESS
+                    }
+                    Err(crate::SourceError::Refused(reason)) => failure(&reason),
+                    Err(e) => failure(&format!("{}: {e}", redact_url(&url))),
+                },
+            )
         }
     }
 }

@@ -122,11 +122,13 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
         config::Source::Table => {
             let mut table = OutboxTable::connect(url).await?;
             let conn = table.postgres().expect("a PostgreSQL URL");
-            let publications = wal::slot::publications(conn).await?;
+            let publications = wal::publication::publications(conn).await?;
             let (ours, others): (Vec<_>, Vec<_>) = publications.iter().partition(|p| p.ours);
             if !ours.is_empty() {
                 let ours: Vec<&str> = ours.iter().map(|p| p.name.as_str()).collect();
-                return Err(SourceError::Refused(wal::slot::polling_refused(&ours)));
+                return Err(SourceError::Refused(wal::publication::polling_refused(
+                    &ours,
+                )));
             }
             // Debezium's, a warehouse sync's: they read the table, the polling relay marks it.
             static WARNED: std::sync::Once = std::sync::Once::new();

@@ -47,10 +47,7 @@ pub(crate) struct TableSource {
 impl TableSource {
     /// Connects, joins the replicas (PostgreSQL) and listens for new rows if asked to; the
     /// listener is one of `tasks`, and stops with them.
-    pub async fn open(
-        config: &RelayConfig,
-        tasks: &BackgroundTasks,
-    ) -> Result<Self, SourceError> {
+    pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, SourceError> {
         let mut table = OutboxTable::connect(&config.database_url).await?;
         if let Some(conn) = table.postgres() {
             crate::database::limit_statements(conn, config.statement_timeout).await?;

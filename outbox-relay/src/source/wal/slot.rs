@@ -4,8 +4,10 @@
 //!
 //! Also the guard that keeps the two sources apart: a polling relay would publish every event of a
 //! table the WAL relay reads again (the WAL source never marks rows), so each refuses to start
-//! while the other is in place.
+//! while the other is in place (how a WAL relay's publication is told from others':
+//! `publication.rs`).
 
+use super::publication::{Publication, PublicationOf, mark_ours, publication_of, publications};
 use crate::config::WalSource;
 use sqlx::PgConnection;
 
@@ -184,124 +186,6 @@ SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND classid::bigint = (hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::bigint & 4294967295)
   AND objid::bigint >= 256";
-
-/// The comment on a publication made by a WAL relay, which tells it from other tools'
-/// publications of the table (Debezium's, an analytics pipeline's); `; slot NAME` follows once the
-/// relay made its slot, so a slot dropped later is told from a first start.
-const MARK: &str = "outbox-relay WAL source";
-
-/// Marks `publication` as a WAL relay's, whose `slot` exists.
-async fn mark_ours(
-    conn: &mut PgConnection,
-    publication: &str,
-    slot: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    let mark = match slot {
-        Some(slot) => format!("{MARK}; slot {slot}"),
-        None => MARK.to_owned(),
-    };
-    // Both names were checked to be plain identifiers (`WalSource::new`).
-    let comment = format!("COMMENT ON PUBLICATION {publication} IS '{mark}'");
-    match sqlx::raw_sql(sqlx::AssertSqlSafe(comment))
-        .execute(conn)
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Made by another role for the relay: it works unmarked, with less guarding.
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42501") => {
-            tracing::warn!(
-                %publication,
-                "cannot mark the publication as the WAL relay's (the relay's role does not own it): \
-                 polling relays will not tell it from another tool's, and a dropped slot will not \
-                 be told from a first start; have its owner run COMMENT ON PUBLICATION {publication} \
-                 IS '{mark}'"
-            );
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// The columns that read a publication's mark: whether it is ours (marked, or named as a WAL
-/// relay's publication was before publications were marked), and the slot it names.
-const MARK_COLUMNS: &str = "
-    coalesce(obj_description(p.oid, 'pg_publication') LIKE ($1 || '%'), p.pubname = 'outbox_relay'),
-    substring(obj_description(p.oid, 'pg_publication') FROM '; slot (.*)$')";
-
-/// A publication of this schema's outbox table, as listed for the polling relay and `status`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Publication {
-    pub name: String,
-    /// Made by a WAL relay of this project.
-    pub ours: bool,
-    /// The slot a relay made for it, if it is ours.
-    pub slot: Option<String>,
-}
-
-/// The publication of a WAL relay's name: whether it publishes the outbox table's inserts, is
-/// ours, and names a slot.
-struct PublicationOf {
-    outbox: bool,
-    ours: bool,
-    slot: Option<String>,
-}
-
-async fn publication_of(
-    conn: &mut PgConnection,
-    name: &str,
-) -> Result<Option<PublicationOf>, sqlx::Error> {
-    let sql = format!(
-        "SELECT p.pubinsert AND EXISTS (
-                    SELECT 1 FROM pg_publication_tables t
-                    JOIN pg_namespace n ON n.nspname = t.schemaname
-                    JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
-                    WHERE t.pubname = p.pubname AND c.oid = 'outbox'::regclass),
-                {MARK_COLUMNS}
-         FROM pg_publication p WHERE p.pubname = $2"
-    );
-    let found: Option<(bool, bool, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(MARK)
-        .bind(name)
-        .fetch_optional(conn)
-        .await?;
-    Ok(found.map(|(outbox, ours, slot)| PublicationOf { outbox, ours, slot }))
-}
-
-/// The publications of this schema's outbox table, made by any tool (`FOR ALL TABLES` ones too).
-pub(crate) async fn publications(conn: &mut PgConnection) -> Result<Vec<Publication>, sqlx::Error> {
-    let sql = format!(
-        "SELECT p.pubname::text, {MARK_COLUMNS}
-         FROM pg_publication p
-         JOIN pg_publication_tables t ON t.pubname = p.pubname
-         JOIN pg_namespace n ON n.nspname = t.schemaname
-         JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
-         WHERE c.oid = to_regclass('outbox')
-         ORDER BY 1"
-    );
-    let rows: Vec<(String, bool, Option<String>)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(MARK)
-        .fetch_all(conn)
-        .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(name, ours, slot)| Publication {
-            name,
-            slot: slot.filter(|_| ours),
-            ours,
-        })
-        .collect())
-}
-
-/// What a polling relay says when a WAL relay's publication holds the table.
-pub(crate) fn polling_refused(ours: &[&str]) -> String {
-    format!(
-        "the outbox table is in publication {} of a WAL relay (`run --source wal`), which never \
-         marks rows: a polling relay would publish every event again. Run with --source wal, or, to \
-         go back to polling, `outbox-relay wal drop` (with that relay's --wal-slot and \
-         --wal-publication) first",
-        ours.join(", ")
-    )
-}
 
 /// A slot's state, for `status` and `/metrics`.
 #[derive(Debug, Clone, PartialEq, Eq)]
