@@ -38,13 +38,7 @@ pub(crate) async fn connect_postgres(url: &str) -> Result<PgConnection, sqlx::Er
     let (options, timeout) = postgres_options(url)?;
     let connect = async {
         let mut conn = PgConnection::connect_with(&options).await?;
-        // SET, not startup options: a pooler such as PgBouncer refuses an `options` parameter.
-        let keepalives = keepalive_sql(options.get_options());
-        if !keepalives.is_empty() {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(keepalives))
-                .execute(&mut conn)
-                .await?;
-        }
+        keep_alive(&mut conn, &options).await?;
         Ok(conn)
     };
     tokio::time::timeout(timeout, connect)
@@ -55,6 +49,21 @@ pub(crate) async fn connect_postgres(url: &str) -> Result<PgConnection, sqlx::Er
                 format!("the database did not answer within {timeout:?} (connect_timeout)"),
             )))
         })
+}
+
+/// Sets the [`KEEPALIVE_SETTINGS`] that `options` (the URL's) leave unset on `conn`. With SET,
+/// not startup options: a pooler such as PgBouncer refuses an `options` parameter.
+pub(crate) async fn keep_alive(
+    conn: &mut PgConnection,
+    options: &sqlx::postgres::PgConnectOptions,
+) -> Result<(), sqlx::Error> {
+    let keepalives = keepalive_sql(options.get_options());
+    if !keepalives.is_empty() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(keepalives))
+            .execute(conn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// How long a connection attempt may take by default.

@@ -34,12 +34,18 @@ pub(crate) async fn listen(
     tasks: &crate::tasks::BackgroundTasks,
 ) -> Result<Arc<Notify>, sqlx::Error> {
     let (options, timeout) = crate::database::postgres_options(database_url)?;
-    // A pool of one, as `PgListener::connect` makes: it reconnects the listener.
+    // A pool of one, as `PgListener::connect` makes: it reconnects the listener, each connection
+    // with the relay's keepalives.
+    let keepalive_options = options.clone();
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .max_lifetime(None)
         .idle_timeout(None)
         .acquire_timeout(timeout)
+        .after_connect(move |conn, _| {
+            let options = keepalive_options.clone();
+            Box::pin(async move { crate::database::keep_alive(conn, &options).await })
+        })
         .connect_with(options)
         .await?;
     let mut listener = PgListener::connect_with(&pool).await?;
