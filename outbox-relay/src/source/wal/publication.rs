@@ -58,18 +58,23 @@ pub(crate) struct Publication {
     pub slot: Option<String>,
 }
 
-/// The publication of a WAL relay's name: whether it publishes the outbox table's inserts, is
-/// ours, and names a slot.
-pub(super) struct PublicationOf {
-    pub outbox: bool,
-    pub ours: bool,
-    pub slot: Option<String>,
+impl Publication {
+    /// From a row of [`MARK_COLUMNS`]: a slot is named only in a WAL relay's mark.
+    fn read(name: String, ours: bool, slot: Option<String>) -> Self {
+        Publication {
+            name,
+            slot: slot.filter(|_| ours),
+            ours,
+        }
+    }
 }
 
+/// The publication named so, if it exists, and whether it publishes the inserts of this schema's
+/// outbox table.
 pub(super) async fn publication_of(
     conn: &mut PgConnection,
     name: &str,
-) -> Result<Option<PublicationOf>, sqlx::Error> {
+) -> Result<Option<(Publication, bool)>, sqlx::Error> {
     let sql = format!(
         "SELECT p.pubinsert AND EXISTS (
                     SELECT 1 FROM pg_publication_tables t
@@ -84,7 +89,7 @@ pub(super) async fn publication_of(
         .bind(name)
         .fetch_optional(conn)
         .await?;
-    Ok(found.map(|(outbox, ours, slot)| PublicationOf { outbox, ours, slot }))
+    Ok(found.map(|(outbox, ours, slot)| (Publication::read(name.to_owned(), ours, slot), outbox)))
 }
 
 /// The publications of this schema's outbox table, made by any tool (`FOR ALL TABLES` ones too).
@@ -104,11 +109,7 @@ pub(crate) async fn publications(conn: &mut PgConnection) -> Result<Vec<Publicat
         .await?;
     Ok(rows
         .into_iter()
-        .map(|(name, ours, slot)| Publication {
-            name,
-            slot: slot.filter(|_| ours),
-            ours,
-        })
+        .map(|(name, ours, slot)| Publication::read(name, ours, slot))
         .collect())
 }
 

@@ -7,7 +7,7 @@
 //! while the other is in place (how a WAL relay's publication is told from others':
 //! `publication.rs`).
 
-use super::publication::{Publication, PublicationOf, mark_ours, publication_of, publications};
+use super::publication::{Publication, mark_ours, publication_of, publications};
 use crate::config::WalSource;
 use sqlx::PgConnection;
 
@@ -54,7 +54,7 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
         ))));
     }
     let publication = match publication_of(conn, &source.publication).await? {
-        Some(publication) if publication.outbox => {
+        Some((publication, true)) => {
             if !publication.ours {
                 // Made by an earlier relay, before publications were marked, or by hand for it.
                 mark_ours(conn, &source.publication, None).await?;
@@ -81,8 +81,8 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
             )?;
             mark_ours(conn, &source.publication, None).await?;
             tracing::info!(publication = %source.publication, "created the publication of the outbox table");
-            PublicationOf {
-                outbox: true,
+            Publication {
+                name: source.publication.clone(),
                 ours: true,
                 slot: None,
             }
@@ -303,7 +303,7 @@ pub(crate) async fn drop_source(
         dropped.push(format!("replication slot {}", source.slot));
     }
     let publication = publication_of(&mut *conn, &source.publication).await?;
-    if publication.as_ref().is_some_and(|p| !p.ours) {
+    if publication.as_ref().is_some_and(|(p, _)| !p.ours) {
         tracing::warn!(
             publication = %source.publication,
             "left the publication alone: another tool made it (it is not marked as a WAL relay's)"
