@@ -73,17 +73,7 @@ pub async fn drain(
                 wal::Backlog::Rows => setup::fill(&db, events, aggregates).await,
                 wal::Backlog::Messages => wal::fill_messages(&db, events, aggregates).await,
             }
-            args.extend(
-                [
-                    "--source",
-                    "wal",
-                    "--wal-slot",
-                    &source.slot,
-                    "--wal-publication",
-                    &source.publication,
-                ]
-                .map(str::to_owned),
-            );
+            args.extend(wal::relay_flags(&source).map(str::to_owned));
             slot = Some(source);
         }
     }

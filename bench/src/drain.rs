@@ -95,14 +95,7 @@ pub async fn wal_resources(
         .fetch_one(&db.pool)
         .await
         .expect("wal position");
-    let args = [
-        "--source",
-        "wal",
-        "--wal-slot",
-        &source.slot,
-        "--wal-publication",
-        &source.publication,
-    ];
+    let args = crate::wal::relay_flags(&source);
     let resources = measure_binary(
         relay_bin,
         &db,

@@ -60,6 +60,18 @@ pub fn config(url: &str) -> (RelayConfig, WalSource) {
     (config, source)
 }
 
+/// The `outbox-relay run` flags that read `source`.
+pub fn relay_flags(source: &WalSource) -> [&str; 6] {
+    [
+        "--source",
+        "wal",
+        "--wal-slot",
+        &source.slot,
+        "--wal-publication",
+        &source.publication,
+    ]
+}
+
 /// Creates the slot and publication before anything is written, as a deployed relay would have.
 pub async fn prepare(config: &RelayConfig) {
     let probe = Relay::new(

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::relay_command;
+use common::{Fixture, relay_command};
 use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -106,10 +106,11 @@ impl Drop for PgBouncer {
 #[tokio::test]
 async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
     // A database of its own: PgBouncer passes no search_path (it ignores `options`), so the
-    // outbox is in its public schema.
+    // outbox is in its public schema. `admin` watches it from the test PostgreSQL.
     let database = format!("pooled_{}", seaorm_outbox::Uuid::now_v7().simple());
-    let (admin, _) = outbox_tests::postgres_schema().await;
+    let admin = Fixture::new().await;
     admin
+        .db
         .execute_unprepared(&format!("CREATE DATABASE {database}"))
         .await
         .unwrap();
@@ -118,45 +119,10 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
         let (base, _) = url.rsplit_once('/').unwrap();
         format!("{base}/{database}")
     };
-    let migrated = relay_command()
-        .args(["migrate", "--database-url", &direct])
-        .output()
-        .unwrap();
-    assert!(
-        migrated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrated.stderr)
-    );
+    common::migrate(&direct);
+    let half_a_minute = Duration::from_secs(30);
+    let sessions = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'");
 
-    let backends = |at_least: i64, at_most: i64| {
-        let admin = admin.clone();
-        let database = database.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let n = admin
-                    .query_one_raw(seaorm_outbox::sea_orm::Statement::from_string(
-                        seaorm_outbox::sea_orm::DbBackend::Postgres,
-                        format!(
-                            "SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'"
-                        ),
-                    ))
-                    .await
-                    .unwrap()
-                    .unwrap()
-                    .try_get_by_index::<i64>(0)
-                    .unwrap();
-                if (at_least..=at_most).contains(&n) {
-                    return;
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{n} sessions on {database} after 30 s"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
     for (mode, refused) in [("transaction", true), ("session", false)] {
         let bouncer = PgBouncer::start(&database, mode);
         if refused {
@@ -174,17 +140,12 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
             for mut client in clients {
                 assert!(client.wait().unwrap().success());
             }
-            backends(4, i64::MAX).await;
+            let fewer_than_four = format!("SELECT greatest(4 - ({sessions}), 0)");
+            admin.wait_until_zero(&fewer_than_four, half_a_minute).await;
         }
         let mut relay = relay_command()
-            .args([
-                "run",
-                "--database-url",
-                &bouncer.url(&database),
-                "--sink",
-                "stdout",
-            ])
-            .args(["--http-addr", "off"])
+            .args(["run", "--database-url", &bouncer.url(&database)])
+            .args(["--sink", "stdout", "--http-addr", "off"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -192,49 +153,34 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
         if refused {
             let (status, stderr) = common::wait_for_exit(
                 &mut relay,
-                Duration::from_secs(30),
+                half_a_minute,
                 "the relay ran behind a transaction-mode pooler",
             );
             assert_eq!(status.code(), Some(1), "{stderr}");
             assert!(stderr.contains("pooler in transaction mode"), "{stderr}");
         } else {
             // Running, and holding every shard through its one session.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                let held = admin
-                    .query_one_raw(seaorm_outbox::sea_orm::Statement::from_string(
-                        seaorm_outbox::sea_orm::DbBackend::Postgres,
-                        format!(
-                            "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
-                             WHERE d.datname = '{database}' AND l.locktype = 'advisory'
-                               AND l.objid < 256 AND l.granted"
-                        ),
-                    ))
-                    .await
-                    .unwrap()
-                    .unwrap()
-                    .try_get_by_index::<i64>(0)
-                    .unwrap();
-                if held == 256 {
-                    break;
-                }
-                assert!(
-                    relay.try_wait().unwrap().is_none(),
-                    "the relay stopped in session mode"
-                );
-                assert!(Instant::now() < deadline, "{held} shards held after 30 s");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            let shards_free = format!(
+                "SELECT 256 - count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+                 WHERE d.datname = '{database}' AND l.locktype = 'advisory'
+                   AND l.objid < 256 AND l.granted"
+            );
+            admin.wait_until_zero(&shards_free, half_a_minute).await;
+            assert!(
+                relay.try_wait().unwrap().is_none(),
+                "the relay stopped in session mode"
+            );
             common::signal(&relay, "TERM");
             let (status, stderr) =
-                common::wait_for_exit(&mut relay, Duration::from_secs(30), "the relay ran on");
+                common::wait_for_exit(&mut relay, half_a_minute, "the relay ran on");
             assert_eq!(status.code(), Some(0), "{status:?}: {stderr}");
         }
         drop(bouncer);
         // The pool's server sessions, and any lock they held, gone before the next round.
-        backends(0, 0).await;
+        admin.wait_until_zero(&sessions, half_a_minute).await;
     }
     admin
+        .db
         .execute_unprepared(&format!("DROP DATABASE {database} WITH (FORCE)"))
         .await
         .unwrap();

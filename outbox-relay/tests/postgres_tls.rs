@@ -8,9 +8,11 @@
 mod common;
 
 use common::kafka::consume;
-use common::{KillOnDrop, relay_command};
-use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
-use std::time::{Duration, Instant};
+use common::wal::WalFixture;
+use common::{Fixture, relay_command};
+use seaorm_outbox::sea_orm::{ConnectionTrait, Database};
+use seaorm_outbox_relay::wal::WalSource;
+use std::time::Duration;
 
 /// The TLS-only PostgreSQL, verified fully against the run's CA.
 fn tls_url() -> String {
@@ -22,8 +24,9 @@ fn tls_url() -> String {
     })
 }
 
-/// A schema of its own on the TLS-only server, with the outbox tables; the URL of its connections.
-async fn fresh_schema() -> (DatabaseConnection, String, String) {
+/// A fixture on the TLS-only server: a schema of its own with the outbox tables, and a slot and
+/// publication named after it.
+async fn tls_fixture() -> WalFixture {
     let url = tls_url();
     let schema = format!("t_{}", seaorm_outbox::Uuid::now_v7().simple());
     let admin = Database::connect(url.as_str())
@@ -34,41 +37,22 @@ async fn fresh_schema() -> (DatabaseConnection, String, String) {
         .await
         .unwrap();
     let url = format!("{url}&options=-c%20search_path%3D{schema}");
-    let migrated = relay_command()
-        .args(["migrate", "--database-url", &url])
-        .output()
-        .unwrap();
-    assert!(
-        migrated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrated.stderr)
-    );
-    let db = Database::connect(url.as_str()).await.unwrap();
-    (db, url, schema)
-}
-
-async fn scalar(db: &DatabaseConnection, sql: &str) -> i64 {
-    let row = db
-        .query_one_raw(Statement::from_string(DbBackend::Postgres, sql))
-        .await
-        .unwrap()
-        .unwrap();
-    row.try_get_by_index(0).unwrap()
-}
-
-async fn wait_until_zero(db: &DatabaseConnection, sql: &str) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while scalar(db, sql).await != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "still not zero after 60 s: {sql}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    common::migrate(&url);
+    let prefix = schema.replace('_', "");
+    let name = format!("s_{}", &prefix[1..]);
+    WalFixture {
+        f: Fixture {
+            db: Database::connect(url.as_str()).await.unwrap(),
+            url,
+            template: format!("{prefix}.{{aggregate_type}}"),
+            prefix,
+        },
+        source: WalSource::new(name.clone(), name).unwrap(),
     }
 }
 
-async fn record(db: &DatabaseConnection, from: i64, to: i64) {
-    db.execute_unprepared(&format!(
+async fn record(f: &Fixture, from: i64, to: i64) {
+    f.db.execute_unprepared(&format!(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
          SELECT gen_random_uuid(), 'order', 'o-1', 'OrderPlaced', jsonb_build_object('n', i)
          FROM generate_series({from}, {to}) i"
@@ -77,30 +61,15 @@ async fn record(db: &DatabaseConnection, from: i64, to: i64) {
     .unwrap();
 }
 
-fn spawn_relay(url: &str, prefix: &str, extra: &[&str]) -> KillOnDrop {
-    KillOnDrop::spawn_logged(
-        relay_command()
-            .args(["run", "--database-url", url])
-            .args(["--kafka-brokers", &common::kafka::brokers()])
-            .args(["--topic-template", &format!("{prefix}.{{aggregate_type}}")])
-            .args(["--poll-interval", "20ms", "--http-addr", "off"])
-            .args(extra),
-    )
-}
-
 #[tokio::test]
 async fn polling_and_wal_relays_publish_over_verified_tls() {
-    let (db, url, schema) = fresh_schema().await;
-    let prefix = schema.replace('_', "");
-    let topic = format!("{prefix}.order");
+    let w = tls_fixture().await;
+    let topic = w.f.topic("order");
+    let minute = Duration::from_secs(60);
 
-    record(&db, 1, 5).await;
-    let mut polling = spawn_relay(&url, &prefix, &[]);
-    wait_until_zero(
-        &db,
-        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
-    )
-    .await;
+    record(&w.f, 1, 5).await;
+    let mut polling = w.f.spawn_relay(&[]);
+    w.f.wait_until_drained(minute).await;
     assert_eq!(
         common::terminate(&mut polling),
         Some(0),
@@ -109,30 +78,19 @@ async fn polling_and_wal_relays_publish_over_verified_tls() {
     );
 
     // The WAL source: its replication connection must use TLS too, or the server refuses it.
-    let name = format!("s_{}", &prefix[1..]);
-    let mut wal = spawn_relay(
-        &url,
-        &prefix,
-        &[
-            "--source",
-            "wal",
-            "--wal-slot",
-            &name,
-            "--wal-publication",
-            &name,
-        ],
-    );
-    wait_until_zero(
-        &db,
+    let mut wal = w.spawn_relay(&[]);
+    w.f.wait_until_zero(
         &format!(
             "SELECT count(*) FILTER (WHERE NOT s.ssl) + (1 - count(*)) FROM pg_stat_replication r
              JOIN pg_stat_ssl s USING (pid) JOIN pg_replication_slots l ON l.active_pid = r.pid
-             WHERE l.slot_name = '{name}' AND l.confirmed_flush_lsn IS NOT NULL"
+             WHERE l.slot_name = '{}' AND l.confirmed_flush_lsn IS NOT NULL",
+            w.source.slot
         ),
+        minute,
     )
     .await;
-    record(&db, 6, 10).await;
-    let received = consume(&[&topic], 10, Duration::from_secs(60)).await;
+    record(&w.f, 6, 10).await;
+    let received = consume(&[&topic], 10, minute).await;
     let ns: Vec<i64> = received
         .iter()
         .map(|m| m.json()["n"].as_i64().unwrap())
@@ -142,29 +100,19 @@ async fn polling_and_wal_relays_publish_over_verified_tls() {
 
     // sslmode=prefer, the default: TLS when the server offers it, on the replication connection
     // too (it once meant plaintext there, which this server refuses).
-    let prefer = url.replace("sslmode=verify-full", "sslmode=prefer");
-    let mut wal = spawn_relay(
-        &prefer,
-        &prefix,
-        &[
-            "--source",
-            "wal",
-            "--wal-slot",
-            &name,
-            "--wal-publication",
-            &name,
-        ],
-    );
-    record(&db, 11, 15).await;
-    let received = consume(&[&topic], 15, Duration::from_secs(60)).await;
+    let prefer = WalFixture {
+        f: Fixture {
+            url: w.f.url.replace("sslmode=verify-full", "sslmode=prefer"),
+            ..w.f.clone()
+        },
+        source: w.source.clone(),
+    };
+    let mut wal = prefer.spawn_relay(&[]);
+    record(&w.f, 11, 15).await;
+    let received = consume(&[&topic], 15, minute).await;
     assert_eq!(received.len(), 15, "{}", wal.log());
     assert_eq!(common::terminate(&mut wal), Some(0), "{}", wal.log());
-    let dropped = relay_command()
-        .args(["wal", "drop", "--database-url", &url])
-        .args(["--slot", &name, "--publication", &name])
-        .output()
-        .unwrap();
-    assert!(dropped.status.success());
+    w.drop_slot().await;
 }
 
 #[tokio::test]

@@ -152,12 +152,7 @@ async fn rows_are_published_under_the_contract_and_the_table_left_unmarked() {
     w.wait_until_confirmed(Duration::from_secs(30)).await;
 
     // `status` shows the slot being read.
-    let status = relay_command()
-        .args(["status", "--database-url", &w.f.url])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&status.stdout);
-    assert!(status.status.success(), "{text}");
+    let text = w.status();
     assert!(
         text.contains(&format!("slot {}:", w.source.slot)) && text.contains("read by a relay"),
         "{text}"
@@ -191,19 +186,7 @@ async fn rows_are_published_under_the_contract_and_the_table_left_unmarked() {
 
     assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
-    let dropped = relay_command()
-        .args([
-            "wal",
-            "drop",
-            "--database-url",
-            &w.f.url,
-            "--slot",
-            &w.source.slot,
-            "--publication",
-            &w.source.publication,
-        ])
-        .output()
-        .unwrap();
+    let dropped = w.wal_drop(false);
     assert!(String::from_utf8_lossy(&dropped.stdout).contains("nothing to drop"));
 }
 
@@ -636,25 +619,7 @@ async fn the_wal_source_refuses_to_start_beside_polling_relays_or_on_sqlite() {
         Duration::from_secs(30),
     )
     .await;
-    let brokers = common::kafka::brokers();
-    let mut args = vec![
-        "run",
-        "--database-url",
-        &w.f.url,
-        "--kafka-brokers",
-        &brokers,
-        "--http-addr",
-        "off",
-    ];
-    let flags = w.flags();
-    args.extend(flags.iter().map(String::as_str));
-    let mut wal = relay_command()
-        .args(&args)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (status, stderr) =
-        common::wait_for_exit(&mut wal, Duration::from_secs(30), "the WAL relay ran");
+    let (status, stderr) = w.run_refused();
     assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("polling relay(s) publish this outbox table"),
@@ -714,21 +679,8 @@ async fn other_tools_publications_are_told_from_the_wal_relays() {
     ))
     .await
     .unwrap();
-    let brokers = common::kafka::brokers();
-    let refused = relay_command()
-        .args([
-            "run",
-            "--database-url",
-            &w.f.url,
-            "--kafka-brokers",
-            &brokers,
-        ])
-        .args(["--http-addr", "off"])
-        .args(w.flags())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    let (status, stderr) = w.run_refused();
+    assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains(&format!(
             "publication {} exists but does not publish the inserts of this schema's outbox table",
@@ -812,41 +764,20 @@ async fn a_dropped_slot_stops_the_relay_instead_of_starting_past_the_gap() {
     let gap = format!("replication slot {slot} is gone");
     assert!(log.contains(&gap), "{log}");
 
-    let status = relay_command()
-        .args(["status", "--database-url", &w.f.url])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&status.stdout);
+    let text = w.status();
     assert!(
         text.contains(&format!("slot {slot}:")) && text.contains("MISSING"),
         "{text}"
     );
 
-    let brokers = common::kafka::brokers();
-    let again = relay_command()
-        .args([
-            "run",
-            "--database-url",
-            &w.f.url,
-            "--kafka-brokers",
-            &brokers,
-        ])
-        .args(["--http-addr", "off"])
-        .args(w.flags())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&again.stderr);
-    assert_eq!(again.status.code(), Some(1), "{stderr}");
+    let (status, stderr) = w.run_refused();
+    assert_eq!(status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains(&gap) && stderr.contains("wal drop"),
         "{stderr}"
     );
 
-    let dropped = relay_command()
-        .args(["wal", "drop", "--database-url", &w.f.url])
-        .args(["--slot", slot, "--publication", &w.source.publication])
-        .output()
-        .unwrap();
+    let dropped = w.wal_drop(false);
     let text = String::from_utf8_lossy(&dropped.stdout);
     assert!(
         text.contains(&format!("dropped publication {}", w.source.publication)),
@@ -869,29 +800,12 @@ async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
     w.wait_for_slot().await;
     wait_until_reading(&w).await;
     assert_eq!(common::terminate(&mut relay), Some(0));
-    while w.slot_active().await {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let wal_drop = |force: bool| {
-        let mut command = relay_command();
-        command
-            .args(["wal", "drop", "--database-url", &w.f.url])
-            .args([
-                "--slot",
-                &w.source.slot,
-                "--publication",
-                &w.source.publication,
-            ]);
-        if force {
-            command.arg("--force");
-        }
-        command.output().unwrap()
-    };
+    w.wait_until_unread().await;
     w.f.db
         .execute_unprepared("CREATE TABLE unrelated (n int); INSERT INTO unrelated VALUES (1)")
         .await
         .unwrap();
-    let nothing_unread = wal_drop(false);
+    let nothing_unread = w.wal_drop(false);
     assert!(
         nothing_unread.status.success(),
         "{}",
@@ -901,9 +815,7 @@ async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
     w.wait_for_slot().await;
     wait_until_reading(&w).await;
     assert_eq!(common::terminate(&mut relay), Some(0));
-    while w.slot_active().await {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    w.wait_until_unread().await;
 
     for n in 0..3 {
         insert(&w, "m-0", n, "'{}'").await;
@@ -912,7 +824,7 @@ async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
         .execute_unprepared("SELECT pg_logical_emit_message(true, 'outbox', '{}')")
         .await
         .unwrap();
-    let refused = wal_drop(false);
+    let refused = w.wal_drop(false);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert_eq!(refused.status.code(), Some(1), "{stderr}");
     assert!(
@@ -928,7 +840,7 @@ async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
             == 1
     );
 
-    let forced = wal_drop(true);
+    let forced = w.wal_drop(true);
     let stdout = String::from_utf8_lossy(&forced.stdout);
     assert!(forced.status.success(), "{stdout}");
     assert!(
@@ -987,8 +899,7 @@ async fn large_events_with_the_broker_away_stay_within_the_window_in_bytes() {
             .await
             .unwrap();
     }
-    // Time to read all of it, were the window not there.
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    w.wait_until_the_stream_stops().await;
     let peak = peak_rss_mib(relay.id());
     drop(paused);
     let received = consume(&[&w.f.topic("meter")], 300, Duration::from_secs(120)).await;

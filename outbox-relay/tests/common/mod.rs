@@ -152,6 +152,19 @@ impl Fixture {
     }
 }
 
+/// Runs `outbox-relay migrate` on `url`, which must succeed.
+pub fn migrate(url: &str) {
+    let migrated = relay_command()
+        .args(["migrate", "--database-url", url])
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+}
+
 /// A loopback port free right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -2,9 +2,10 @@
 
 use super::kafka::consume;
 use super::meters::{Writer, assert_complete_and_ordered};
-use super::{Fixture, KillOnDrop, services, terminate};
+use super::{Fixture, KillOnDrop, relay_command, services, terminate, wait_for_exit};
 use seaorm_outbox::OutboxEvent;
 use seaorm_outbox_relay::wal::WalSource;
+use std::process::{ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A [`Fixture`] whose relays read the WAL through a slot and publication of its own.
@@ -105,19 +106,93 @@ impl WalFixture {
         duplicates
     }
 
-    /// Drops the slot and publication once no relay reads them (the test's relays are stopped).
-    pub async fn drop_slot(&self) {
+    /// Waits until the server has sent the relay reading the slot everything written so far,
+    /// or sends no more for a second (the relay stopped reading: its window is full).
+    pub async fn wait_until_the_stream_stops(&self) {
+        let of_the_slot = format!(
+            "FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
+             WHERE s.slot_name = '{}'",
+            self.source.slot
+        );
+        let unsent = format!("SELECT (pg_current_wal_lsn() - r.sent_lsn)::bigint {of_the_slot}");
+        let sent = format!("SELECT (r.sent_lsn - '0/0')::bigint {of_the_slot}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut last, mut since) = (-1, Instant::now());
+        while self.f.scalar(&unsent).await > 0 {
+            let now_sent = self.f.scalar(&sent).await;
+            if now_sent != last {
+                (last, since) = (now_sent, Instant::now());
+            } else if since.elapsed() >= Duration::from_secs(1) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the stream still moves after 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until no relay reads the slot (the test's relays are stopped).
+    pub async fn wait_until_unread(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.slot_active().await {
             assert!(
                 Instant::now() < deadline,
                 "the slot is still read by a relay"
             );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Drops the slot and publication once no relay reads them (the test's relays are stopped).
+    pub async fn drop_slot(&self) {
+        self.wait_until_unread().await;
         seaorm_outbox_relay::wal::drop_source(&self.f.url, &self.source, true)
             .await
             .expect("drop the slot");
+    }
+
+    /// Runs `outbox-relay run` on this fixture's WAL source, expecting it to refuse: its exit
+    /// status and stderr. Fails the test if it still runs after 30 s.
+    pub fn run_refused(&self) -> (ExitStatus, String) {
+        let mut relay = relay_command()
+            .args(["run", "--database-url", &self.f.url])
+            .args([
+                "--kafka-brokers",
+                &super::kafka::brokers(),
+                "--http-addr",
+                "off",
+            ])
+            .args(self.flags())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_exit(&mut relay, Duration::from_secs(30), "the WAL relay ran")
+    }
+
+    /// `outbox-relay wal drop` of this fixture's slot and publication.
+    pub fn wal_drop(&self, force: bool) -> Output {
+        let mut command = relay_command();
+        command
+            .args(["wal", "drop", "--database-url", &self.f.url])
+            .args(["--slot", &self.source.slot])
+            .args(["--publication", &self.source.publication]);
+        if force {
+            command.arg("--force");
+        }
+        command.output().unwrap()
+    }
+
+    /// What `outbox-relay status` prints for this fixture's database.
+    pub fn status(&self) -> String {
+        let status = relay_command()
+            .args(["status", "--database-url", &self.f.url])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&status.stdout).into_owned();
+        assert!(status.status.success(), "{text}");
+        text
     }
 }
 
