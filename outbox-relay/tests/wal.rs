@@ -30,15 +30,6 @@ struct Reading {
     n: u64,
 }
 
-/// Waits until a relay reads the slot (its signal handlers are installed by then).
-async fn wait_until_reading(w: &WalFixture) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !w.slot_active().await {
-        assert!(Instant::now() < deadline, "nobody reads the slot");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn reading(meter: String, n: u64) -> Reading {
     Reading { meter, n }
 }
@@ -442,7 +433,7 @@ async fn retrying_one_of_an_aggregates_parked_events_keeps_it_behind_the_earlier
     assert_eq!(common::terminate(&mut relay), Some(0));
 
     let mut relay = w.spawn_relay(&[]);
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
     insert(&w, "m-x", 4, "NULL").await;
     w.f.db
         .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-x'")
@@ -562,7 +553,7 @@ async fn a_parked_event_read_again_keeps_its_reason() {
     let w = WalFixture::new().await;
     let mut relay = w.spawn_relay(&["--kafka-option", "message.timeout.ms=1000"]);
     w.wait_for_slot().await;
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
     services("pause-kafka");
     // One transaction: a poison event, parked at once, and one the broker cannot answer now, so
     // the transaction is not confirmed.
@@ -720,8 +711,9 @@ async fn other_tools_publications_are_told_from_the_wal_relays() {
 
 /// A slot dropped after a relay read it is a gap, not a first start: the running relay stops,
 /// naming it, instead of creating a slot that would start past the events committed meanwhile;
-/// `status` shows it, a new start refuses too, and `outbox-relay wal drop` acknowledges the gap
-/// (the next start creates the slot again).
+/// `status` shows it, a new start refuses too, and `outbox-relay wal drop` acknowledges the gap:
+/// the next start creates the slot again and publishes the rows the table holds, the gap's among
+/// them.
 #[tokio::test]
 async fn a_dropped_slot_stops_the_relay_instead_of_starting_past_the_gap() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -729,7 +721,7 @@ async fn a_dropped_slot_stops_the_relay_instead_of_starting_past_the_gap() {
     let slot = &w.source.slot;
     let mut relay = w.spawn_relay(&[]);
     w.wait_for_slot().await;
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
     insert(&w, "m-0", 0, "'{}'").await;
     consume(&[&w.f.topic("meter")], 1, Duration::from_secs(60)).await;
 
@@ -785,7 +777,10 @@ async fn a_dropped_slot_stops_the_relay_instead_of_starting_past_the_gap() {
     );
     let mut relay = w.spawn_relay(&[]);
     w.wait_for_slot().await;
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
+    // Reading 0 again, and reading 1, committed in the gap.
+    let received = consume(&[&w.f.topic("meter")], 3, Duration::from_secs(60)).await;
+    assert_eq!(readings_of(&received, "m-0"), [0, 0, 1]);
     assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
 }
@@ -798,7 +793,7 @@ async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
     let w = WalFixture::new().await;
     let mut relay = w.spawn_relay(&[]);
     w.wait_for_slot().await;
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
     assert_eq!(common::terminate(&mut relay), Some(0));
     w.wait_until_unread().await;
     w.f.db
@@ -813,7 +808,7 @@ async fn wal_drop_refuses_a_slot_with_unread_events_unless_forced() {
     );
     let mut relay = w.spawn_relay(&[]);
     w.wait_for_slot().await;
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
     assert_eq!(common::terminate(&mut relay), Some(0));
     w.wait_until_unread().await;
 
@@ -887,7 +882,7 @@ async fn large_events_with_the_broker_away_stay_within_the_window_in_bytes() {
         "4000000",
     ]);
     w.wait_for_slot().await;
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
     let paused = KafkaPaused::new();
     for n in 0..300 {
         w.f.db
@@ -954,7 +949,7 @@ async fn the_relay_killed_ten_times_during_50k_events_loses_nothing() {
     let mut relay = w.spawn_relay(&[]);
     w.wait_until_confirmed_past(*ends.last().unwrap(), Duration::from_secs(120))
         .await;
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
     assert_eq!(common::terminate(&mut relay), Some(0));
     let received = consume(
         &[&w.f.topic("meter")],
@@ -1041,7 +1036,7 @@ async fn a_standby_takes_over_when_the_reader_dies() {
     let w = WalFixture::new().await;
     let mut active = w.spawn_relay(&[]);
     w.wait_for_slot().await;
-    wait_until_reading(&w).await;
+    w.wait_until_reading().await;
     let mut standby = w.spawn_relay(&[]);
     let writer = Writer::start(&w.f, 20, Duration::from_millis(5), reading);
     tokio::time::sleep(Duration::from_secs(3)).await;

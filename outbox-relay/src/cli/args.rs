@@ -65,18 +65,46 @@ pub(super) enum Command {
 pub(super) enum WalCommand {
     /// Drop the replication slot and the publication: PostgreSQL stops keeping WAL for them.
     /// Events not yet read are not published by the WAL source any more. Refused while a relay
-    /// reads the slot.
+    /// reads the slot. To move to polling relays, use `to-polling` instead.
     Drop {
-        /// The replication slot.
-        #[arg(long, default_value = "outbox_relay")]
-        slot: String,
-        /// The publication.
-        #[arg(long, default_value = "outbox_relay")]
-        publication: String,
+        #[command(flatten)]
+        names: WalNames,
         /// Drop the slot even while it holds events no relay has read (they are lost).
         #[arg(long)]
         force: bool,
     },
+    /// Move this database from the WAL source to polling relays, losing nothing: waits until the
+    /// WAL relays have published what was recorded before it and have stopped, marks what they
+    /// published, leaves the rest (and parked events) to the polling relays, and drops the slot
+    /// and the publication. Refused while table-less recording is on.
+    ToPolling {
+        #[command(flatten)]
+        names: WalNames,
+        /// How long to wait for the WAL relays, as 90s, 10m or 1h.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
+    /// Move this database from polling relays to the WAL source, losing nothing: waits until no
+    /// polling relay runs, then makes the publication and the slot; the events the polling
+    /// relays left go out first when a WAL relay starts, in order.
+    FromPolling {
+        #[command(flatten)]
+        names: WalNames,
+        /// How long to wait for the polling relays to stop, as 90s, 10m or 1h.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+    },
+}
+
+/// The WAL source a `wal` command acts on.
+#[derive(Debug, Args)]
+pub(super) struct WalNames {
+    /// The replication slot.
+    #[arg(long, default_value = "outbox_relay")]
+    pub slot: String,
+    /// The publication.
+    #[arg(long, default_value = "outbox_relay")]
+    pub publication: String,
 }
 
 #[derive(Debug, Args, Serialize)]

@@ -133,6 +133,15 @@ impl WalFixture {
         }
     }
 
+    /// Waits until a relay reads the slot (its signal handlers are installed by then).
+    pub async fn wait_until_reading(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.slot_active().await {
+            assert!(Instant::now() < deadline, "nobody reads the slot");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until no relay reads the slot (the test's relays are stopped).
     pub async fn wait_until_unread(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);

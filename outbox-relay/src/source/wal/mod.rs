@@ -17,8 +17,11 @@ mod event;
 mod parked;
 mod pgoutput;
 pub(crate) mod publication;
+mod release;
 pub mod slot;
+mod switch;
 mod unconfirmed;
+mod unread;
 
 use crate::batch::{Claim, Limits, Outcome};
 use crate::config::RelayConfig;
@@ -31,15 +34,17 @@ use futures::FutureExt;
 use parked::Parked;
 use pgoutput::{Change, Decoder};
 use pgwire_replication::{Lsn, PgWireError, ReplicationClient, ReplicationEvent};
+use release::Release;
 use sqlx::PgConnection;
 use std::collections::HashSet;
 use std::time::Duration;
 use tokio::time::Instant;
-use unconfirmed::{Release, Unconfirmed};
+use unconfirmed::Unconfirmed;
 
 pub use crate::config::WalSource;
 pub(crate) use parked::RELEASE_PREFIX;
 pub use slot::{Refused, SlotStatus};
+pub use switch::{ToPolling, from_polling, to_polling};
 
 /// How many events (and commits) read and not yet confirmed the source keeps; the stream pauses
 /// beyond it, or beyond `WalSource::window_bytes` of payload.
@@ -52,7 +57,7 @@ pub const STANDBY_POLL: Duration = Duration::from_secs(1);
 pub(crate) async fn check(url: &str, source: &WalSource) -> Result<(), SourceError> {
     let mut db = connect(url).await?;
     match slot::prepare(&mut db, source).await {
-        Ok(()) => Ok(()),
+        Ok(_) => Ok(()),
         Err(slot::Prepare::Refused(r)) => Err(SourceError::Refused(r.0)),
         Err(slot::Prepare::Database(e)) => Err(SourceError::Database(e)),
     }
@@ -67,7 +72,7 @@ pub async fn drop_source(
     force: bool,
 ) -> Result<Vec<String>, SourceError> {
     let mut db = connect(url).await?;
-    Ok(slot::drop_source(&mut db, source, force).await?)
+    slot::drop_source(&mut db, source, force).await
 }
 
 impl From<PgWireError> for SourceError {
@@ -142,10 +147,10 @@ impl WalStream {
             });
         }
         let mut read = Unconfirmed::default();
-        // What a release left held and no longer behind a parked event (the relay stopped during
-        // it) goes out first.
-        if !config.skip_parked {
-            read.release_first(Release::of(parked::held_aggregates(&mut db).await?));
+        // What the table holds and is no longer behind a parked event goes out first: what a
+        // release left held (the relay stopped during it), and what the table had before the slot.
+        if let Some(up_to_seq) = parked::last_held_seq(&mut db).await? {
+            read.release_first(Release::every_held(up_to_seq));
         }
         tracing::info!(slot = %source.slot, "reading the WAL");
         Ok(WalStream {
@@ -273,66 +278,12 @@ impl WalStream {
             if let Some((lsn, commit_ms)) = self.read.confirm() {
                 self.confirm_to(lsn, commit_ms);
             }
-            let Some(release) = self.read.release_due().cloned() else {
+            let Some(release) = self.read.take_due_release() else {
                 return Ok(());
             };
             self.release(release).await?;
             self.fresh = true;
         }
-    }
-
-    /// Reads the next page of a release's held events into the stream, each aggregate up to its
-    /// first parked event; they go out in `seq` order before anything read after the release.
-    async fn release(&mut self, mut release: Release) -> Result<(), SourceError> {
-        if release.starting() {
-            for aggregate in &release.aggregates {
-                self.parked.releasing(aggregate);
-            }
-        }
-        let limits = Limits {
-            batch_size: parked::PAGE as usize,
-            max_batch_bytes: usize::MAX,
-            max_payload_bytes: self.max_payload_bytes,
-        };
-        let page = if release.aggregates.is_empty() {
-            Vec::new()
-        } else {
-            parked::page(
-                &mut self.db,
-                &release.aggregates,
-                release.after_seq,
-                &limits,
-            )
-            .await?
-        };
-        let more = page.len() as i64 == parked::PAGE;
-        let mut events = Vec::with_capacity(page.len());
-        for kept in page {
-            release.after_seq = kept.row.seq;
-            let aggregate = kept.row.aggregate();
-            if kept.parked {
-                release.stopped.insert(aggregate);
-            } else if !release.stopped.contains(&aggregate) {
-                events.push(kept.row);
-            }
-        }
-        if more {
-            self.read.released(events, Some(release));
-            return Ok(());
-        }
-        if !release.aggregates.is_empty() {
-            tracing::info!(
-                aggregates = release.aggregates.len(),
-                still_held = release.stopped.len(),
-                "released held events"
-            );
-        }
-        for aggregate in release.aggregates {
-            let held = release.stopped.contains(&aggregate);
-            self.parked.released(aggregate, held);
-        }
-        self.read.released(events, None);
-        Ok(())
     }
 }
 

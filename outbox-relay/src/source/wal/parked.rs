@@ -14,6 +14,7 @@
 //! one. So no event of an aggregate can go out ahead of one held before it.
 
 use super::event::{from_recorded, table_id};
+use super::release::Scope;
 use crate::batch::Limits;
 use crate::row::{Aggregate, OutboxRow};
 use bytes::Bytes;
@@ -77,6 +78,11 @@ impl Parked {
                 self.released_then_parked.insert(row.aggregate());
             }
         }
+    }
+
+    /// Whether parked events hold nothing back (`--skip-parked`).
+    pub fn skips_parked(&self) -> bool {
+        self.skip_parked
     }
 
     /// A release of `aggregate` starts: what it reads from the table goes out in order.
@@ -179,14 +185,75 @@ pub(super) fn released_aggregates(content: &[u8]) -> Vec<Aggregate> {
     })
 }
 
-/// The aggregates with held events.
-pub(super) async fn held_aggregates(db: &mut PgConnection) -> Result<Vec<Aggregate>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT DISTINCT aggregate_type, aggregate_id FROM outbox
-         WHERE held_at IS NOT NULL AND published_at IS NULL",
+/// Holds every event the table has unpublished and not parked: at a new slot's start, these were
+/// committed before it and are in no stream. Returns how many.
+pub(super) async fn hold_backlog(db: &mut PgConnection) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "UPDATE outbox SET held_at = now()
+         WHERE published_at IS NULL AND parked_at IS NULL AND held_at IS NULL",
     )
-    .fetch_all(db)
+    .execute(db)
+    .await?
+    .rows_affected())
+}
+
+/// The last `seq` held, if any event is: the relay's start releases every held event up to it.
+pub(super) async fn last_held_seq(db: &mut PgConnection) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT max(seq) FROM outbox WHERE held_at IS NOT NULL AND published_at IS NULL",
+    )
+    .fetch_one(db)
     .await
+}
+
+/// Turns the table-less events kept in the table (parked, or held) into plain rows, for polling
+/// relays, which publish a row's `payload` and know nothing of `recorded`; returns how many.
+/// Refused, changing nothing, if one cannot be (its bytes are not an event with a UUID id: it was
+/// parked for that): it must be skipped first.
+pub(super) async fn convert_table_less(db: &mut PgConnection) -> Result<u64, super::slot::Prepare> {
+    let kept: Vec<(i64, uuid::Uuid, Vec<u8>)> = sqlx::query_as(
+        "SELECT seq, id, recorded FROM outbox
+         WHERE recorded IS NOT NULL AND published_at IS NULL ORDER BY seq",
+    )
+    .fetch_all(&mut *db)
+    .await?;
+    let mut unreadable = Vec::new();
+    let mut converted = 0;
+    for (seq, id, recorded) in kept {
+        let event = from_recorded(&Bytes::from(recorded), None, usize::MAX)
+            .ok()
+            .filter(|e| e.defect.is_none() && uuid::Uuid::parse_str(&e.id).ok() == Some(id));
+        let Some(event) = event else {
+            unreadable.push(id.to_string());
+            continue;
+        };
+        sqlx::query(
+            "UPDATE outbox SET event_type = $2, event_version = $3, topic = $4, payload = $5::jsonb,
+                               headers = $6::jsonb, recorded = NULL
+             WHERE seq = $1",
+        )
+        .bind(seq)
+        .bind(&event.event_type)
+        .bind(event.event_version)
+        .bind(&event.topic)
+        .bind(String::from_utf8_lossy(&event.payload).as_ref())
+        .bind(event.headers.as_deref())
+        .execute(&mut *db)
+        .await?;
+        converted += 1;
+    }
+    if unreadable.is_empty() {
+        return Ok(converted);
+    }
+    Err(super::slot::Prepare::Refused(super::slot::Refused(
+        format!(
+            "{} table-less events the WAL source parked cannot become rows for the polling relays \
+         (their recorded bytes are not an event with a UUID id): skip them first (`outbox-relay \
+         failed skip --id ID --reason ...`): {}; nothing was changed",
+            unreadable.len(),
+            unreadable.join(", ")
+        ),
+    )))
 }
 
 /// How many kept events a release reads at once.
@@ -199,38 +266,27 @@ pub(super) struct Kept {
     pub parked: bool,
 }
 
-/// The next [`PAGE`] kept events of `aggregates` after `after_seq`, in `seq` order. A table-less
-/// event is read from its recorded bytes, as it was recorded.
+/// The next [`PAGE`] kept events of a release's `scope` after `after_seq`, in `seq` order. A
+/// table-less event is read from its recorded bytes, as it was recorded.
 pub(super) async fn page(
     db: &mut PgConnection,
-    aggregates: &[Aggregate],
+    scope: &Scope,
     after_seq: i64,
     limits: &Limits,
 ) -> Result<Vec<Kept>, sqlx::Error> {
     use sqlx::Row;
-    let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
-        .iter()
-        .map(|(t, i)| (t.as_str(), i.as_str()))
-        .unzip();
-    let rows = sqlx::query(
-        "SELECT id::text AS id, seq, aggregate_type, aggregate_id, event_type, event_version, topic,
-                payload::text AS payload, octet_length(payload::text)::int8 AS payload_bytes,
-                headers::text AS headers, attempts,
-                CASE WHEN isfinite(created_at) THEN (extract(epoch FROM created_at) * 1000)::int8 END
-                    AS created_ms,
-                true AS payload_valid, parked_at IS NOT NULL AS parked, recorded
-         FROM outbox
-         WHERE published_at IS NULL AND (held_at IS NOT NULL OR parked_at IS NOT NULL)
-           AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-           AND seq > $3
-         ORDER BY seq LIMIT $4",
-    )
-    .bind(types)
-    .bind(ids)
-    .bind(after_seq)
-    .bind(PAGE)
-    .fetch_all(db)
-    .await?;
+    let query = match scope {
+        Scope::Named(aggregates) => {
+            let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+                .iter()
+                .map(|(t, i)| (t.as_str(), i.as_str()))
+                .unzip();
+            sqlx::query(NAMED_PAGE).bind(types).bind(ids)
+        }
+        // Through `outbox_unpublished`, in `seq` order, up to the last held event.
+        Scope::EveryHeld { up_to_seq } => sqlx::query(EVERY_HELD_PAGE).bind(*up_to_seq),
+    };
+    let rows = query.bind(after_seq).bind(PAGE).fetch_all(db).await?;
     Ok(rows
         .iter()
         .map(|r| {
@@ -245,6 +301,33 @@ pub(super) async fn page(
         })
         .collect())
 }
+
+/// A kept event's columns, as [`OutboxRow::read`] reads them.
+macro_rules! kept_columns {
+    () => {
+        "SELECT id::text AS id, seq, aggregate_type, aggregate_id, event_type, event_version, topic,
+                payload::text AS payload, octet_length(payload::text)::int8 AS payload_bytes,
+                headers::text AS headers, attempts,
+                CASE WHEN isfinite(created_at) THEN (extract(epoch FROM created_at) * 1000)::int8 END
+                    AS created_ms,
+                true AS payload_valid, parked_at IS NOT NULL AS parked, recorded
+         FROM outbox
+         WHERE published_at IS NULL AND (held_at IS NOT NULL OR parked_at IS NOT NULL)"
+    };
+}
+
+/// A page of the kept events of the named aggregates ($1, $2) after `seq` $3, $4 at most.
+const NAMED_PAGE: &str = concat!(
+    kept_columns!(),
+    " AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+      AND seq > $3 ORDER BY seq LIMIT $4"
+);
+
+/// A page of the kept events up to `seq` $1, after `seq` $2, $3 at most.
+const EVERY_HELD_PAGE: &str = concat!(
+    kept_columns!(),
+    " AND seq <= $1 AND seq > $2 ORDER BY seq LIMIT $3"
+);
 
 /// The table-less event `recorded` holds, in the place of the row kept for it (its `seq`, its
 /// aggregate when the bytes cannot be read).

@@ -7,8 +7,10 @@
 //! while the other is in place (how a WAL relay's publication is told from others':
 //! `publication.rs`).
 
-use super::publication::{Publication, mark_ours, publication_of, publications};
+use super::parked;
+use super::publication::{Publication, SlotMark, mark_ours, publication_of, publications};
 use crate::config::WalSource;
+use crate::error::SourceError;
 use sqlx::PgConnection;
 
 /// Why the WAL source cannot start as configured. Retrying does not help; an operator must act.
@@ -16,8 +18,9 @@ use sqlx::PgConnection;
 #[error("{0}")]
 pub struct Refused(pub String);
 
-/// Checks the database and creates the publication and the slot if they are missing.
-pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Result<(), Prepare> {
+/// Checks the database and creates the publication and the slot if they are missing; returns how
+/// many unpublished events the table had for a new slot (handed to it: they go out first).
+pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Result<u64, Prepare> {
     let wal_level: String = sqlx::query_scalar("SELECT current_setting('wal_level')")
         .fetch_one(&mut *conn)
         .await?;
@@ -57,7 +60,7 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
         Some((publication, true)) => {
             if !publication.ours {
                 // Made by an earlier relay, before publications were marked, or by hand for it.
-                mark_ours(conn, &source.publication, None).await?;
+                mark_ours(conn, &source.publication, SlotMark::None).await?;
             }
             publication
         }
@@ -79,12 +82,13 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
                     .execute(&mut *conn)
                     .await,
             )?;
-            mark_ours(conn, &source.publication, None).await?;
+            mark_ours(conn, &source.publication, SlotMark::None).await?;
             tracing::info!(publication = %source.publication, "created the publication of the outbox table");
             Publication {
                 name: source.publication.clone(),
                 ours: true,
                 slot: None,
+                new_slot: None,
             }
         }
     };
@@ -107,39 +111,63 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
             return Err(Prepare::Refused(Refused(format!(
                 "replication slot {} is lost: PostgreSQL removed WAL it still needed \
                  (max_slot_wal_keep_size). Table-less events in that WAL are gone; rows are still \
-                 in the table, but the WAL source cannot tell which were published. To start again \
-                 from now, run `outbox-relay wal drop` (the next start creates the slot again)",
+                 in the table, but the WAL source cannot tell which were published. Run \
+                 `outbox-relay wal drop` to go on: the next start makes the slot again and \
+                 publishes every row the table holds first (consumers see the published ones \
+                 again)",
                 source.slot
             ))));
         }
+        Some(_) if publication.new_slot.as_deref() == Some(source.slot.as_str()) => {
+            // A first start stopped between making the slot and handing it the backlog.
+            return hand_over_backlog(conn, source).await;
+        }
         Some(_) => {
             if !read_before {
-                mark_ours(conn, &source.publication, Some(&source.slot)).await?;
+                // Made before publications named their slots.
+                mark_ours(conn, &source.publication, SlotMark::Made(&source.slot)).await?;
             }
         }
         None if read_before => {
             return Err(Prepare::Refused(Refused(format!(
                 "replication slot {} is gone, though publication {} says a relay read it: it was \
                  dropped, so events committed since are in no stream (table-less ones are lost; \
-                 rows are still in the table). A new slot would start from now, silently past \
-                 them. To do so knowingly, run `outbox-relay wal drop` (the next start creates \
-                 both again)",
+                 rows are still in the table). A new slot would start from now, past them. Run \
+                 `outbox-relay wal drop` to go on: the next start makes the slot again and \
+                 publishes every row the table holds first, the gap's among them (consumers see \
+                 the published ones again)",
                 source.slot, source.publication
             ))));
         }
         None => {
+            mark_ours(conn, &source.publication, SlotMark::New(&source.slot)).await?;
             ignore_duplicate(
                 sqlx::query("SELECT pg_create_logical_replication_slot($1, 'pgoutput')")
                     .bind(&source.slot)
                     .execute(&mut *conn)
                     .await,
             )?;
-            // From now on a missing slot is a gap, not a first start.
-            mark_ours(conn, &source.publication, Some(&source.slot)).await?;
             tracing::info!(slot = %source.slot, "created the replication slot");
+            return hand_over_backlog(conn, source).await;
         }
     }
-    Ok(())
+    Ok(0)
+}
+
+/// Hands the new slot's relay the events the table holds unpublished (a polling relay's backlog,
+/// rows recorded while no relay ran): rows committed before the slot are in no stream, so they
+/// are held, and the relay's start releases them first, in `seq` order. Then the mark says the
+/// slot is made: from now on a missing slot is a gap, not a first start.
+async fn hand_over_backlog(conn: &mut PgConnection, source: &WalSource) -> Result<u64, Prepare> {
+    let held = parked::hold_backlog(conn).await?;
+    if held > 0 {
+        tracing::info!(
+            events = held,
+            "the table holds events recorded before the slot: they go out first, in order"
+        );
+    }
+    mark_ours(conn, &source.publication, SlotMark::Made(&source.slot)).await?;
+    Ok(held)
 }
 
 /// The oldest PostgreSQL the WAL source reads: `pgoutput` streams logical messages (table-less
@@ -181,7 +209,7 @@ fn ignore_duplicate<T>(result: Result<T, sqlx::Error>) -> Result<(), sqlx::Error
 }
 
 /// Live polling relays of this outbox table: their membership locks (see `source/table/leases.rs`).
-const POLLING_RELAYS: &str = "
+pub(super) const POLLING_RELAYS: &str = "
 SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND classid::bigint = (hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::bigint & 4294967295)
@@ -277,7 +305,7 @@ pub(crate) async fn drop_source(
     conn: &mut PgConnection,
     source: &WalSource,
     force: bool,
-) -> Result<Vec<String>, Prepare> {
+) -> Result<Vec<String>, SourceError> {
     let mut dropped = Vec::new();
     let slot: Option<bool> =
         sqlx::query_scalar("SELECT active FROM pg_replication_slots WHERE slot_name = $1")
@@ -287,12 +315,12 @@ pub(crate) async fn drop_source(
     if slot == Some(false) && !force {
         let unread = unread_events(conn, source).await?;
         if unread > 0 {
-            return Err(Prepare::Refused(Refused(format!(
+            return Err(SourceError::Refused(format!(
                 "replication slot {} holds {unread} events no relay has read yet; dropping it \
                  would lose them. Run the WAL relay until they are published (`outbox-relay \
                  status` shows the slot 0 bytes behind), or drop it anyway with --force",
                 source.slot
-            ))));
+            )));
         }
     }
     if slot.is_some() {
@@ -319,28 +347,16 @@ pub(crate) async fn drop_source(
 }
 
 /// The outbox events in the slot's unread WAL: rows inserted into this schema's outbox table and
-/// table-less events. Read without consuming them (a peek decodes the WAL up to now); none when
-/// the publication is gone (nothing could read them).
-async fn unread_events(conn: &mut PgConnection, source: &WalSource) -> Result<i64, sqlx::Error> {
+/// table-less events; none when the publication is gone (nothing could read them).
+async fn unread_events(conn: &mut PgConnection, source: &WalSource) -> Result<u64, SourceError> {
     if publication_of(&mut *conn, &source.publication)
         .await?
         .is_none()
     {
         return Ok(0);
     }
-    sqlx::query_scalar(
-        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, NULL,
-             'proto_version', '1', 'publication_names', $2, 'messages', 'true')
-         WHERE (get_byte(data, 0) = ascii('I') AND substring(data FROM 2 FOR 4)
-                  = substring(int8send(to_regclass('outbox')::oid::int8) FROM 5 FOR 4))
-            OR (get_byte(data, 0) = ascii('M')
-                AND substring(data FROM 11 FOR length($3) + 1) = convert_to($3, 'UTF8') || '\\x00'::bytea)",
-    )
-    .bind(&source.slot)
-    .bind(&source.publication)
-    .bind(seaorm_outbox::LOGICAL_MESSAGE_PREFIX)
-    .fetch_one(conn)
-    .await
+    let unread = super::unread::peek(conn, source, "0/0").await?;
+    Ok(unread.row_ids.len() as u64 + unread.table_less)
 }
 
 /// Samples the slot into its gauges every `every` until `shutdown`.

@@ -7,9 +7,10 @@
 //! and a failed one waits its backoff here. Each event is named by its position, its place in
 //! the stream (counted from the session's start): the pump's [`OutboxRow::position`].
 
-use crate::row::{Aggregate, OutboxRow};
+use super::release::Release;
+use crate::row::OutboxRow;
 use pgwire_replication::Lsn;
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use tokio::time::Instant;
 
 /// An event read and not yet settled.
@@ -23,32 +24,6 @@ pub(super) struct Event {
     pub retry_at: Option<Instant>,
     /// Published or parked: nothing is left to do for it.
     pub settled: bool,
-}
-
-/// A release of held events (an operator's `failed retry` or `failed skip`, or the relay's
-/// start), carried out once everything read before it is settled, a page at a time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Release {
-    pub aggregates: Vec<Aggregate>,
-    /// The page read next starts after this `seq`.
-    pub after_seq: i64,
-    /// Aggregates whose release stopped at a parked event: still held.
-    pub stopped: HashSet<Aggregate>,
-}
-
-impl Release {
-    pub fn of(aggregates: Vec<Aggregate>) -> Self {
-        Release {
-            aggregates,
-            after_seq: i64::MIN,
-            stopped: HashSet::new(),
-        }
-    }
-
-    /// Whether this is a release's first page.
-    pub fn starting(&self) -> bool {
-        self.after_seq == i64::MIN
-    }
 }
 
 // Nearly every entry is an event: boxing it would add an allocation per event to save space on
@@ -154,20 +129,22 @@ impl Unconfirmed {
         }
     }
 
-    /// The release at the front, once everything before it is settled (after
-    /// [`confirm`](Self::confirm)).
-    pub fn release_due(&self) -> Option<&Release> {
-        match self.entries.front() {
+    /// Takes the release at the front, once everything before it is settled (after
+    /// [`confirm`](Self::confirm)); [`released`](Self::released) puts what it read in its place.
+    pub fn take_due_release(&mut self) -> Option<Release> {
+        if !matches!(self.entries.front(), Some(Entry::Release(_))) {
+            return None;
+        }
+        self.first += 1;
+        match self.entries.pop_front() {
             Some(Entry::Release(release)) => Some(release),
             _ => None,
         }
     }
 
-    /// Replaces the release at the front by the held events it read, then `next` (its next page)
-    /// if any. Nothing after a release was claimed, so the entries after it are numbered anew.
+    /// Puts the held events a release read at the front, then `next` (its next page) if any.
+    /// Nothing after a release was claimed, so the entries after it are numbered anew.
     pub fn released(&mut self, events: Vec<OutboxRow>, next: Option<Release>) {
-        assert!(self.release_due().is_some(), "no release at the front");
-        self.entries.pop_front();
         let rest = std::mem::take(&mut self.entries);
         // Counted again as they are pushed back.
         self.bytes = 0;
@@ -240,6 +217,7 @@ mod tests {
         u.event_mut(0).unwrap().settled = true;
         u.confirm();
         assert_eq!(u.bytes(), 1000);
+        assert!(u.take_due_release().is_some());
         u.released(vec![sized(0, 10)], None);
         assert_eq!(u.bytes(), 1010);
     }
@@ -252,16 +230,19 @@ mod tests {
         u.push_event(row("a", 12), None);
         u.push_commit(lsn(300), None);
         assert_eq!(claimable(&mut u), [(0, 10)]);
-        assert!(u.release_due().is_none(), "an event before it is unsettled");
+        assert!(
+            u.take_due_release().is_none(),
+            "an event before it is unsettled"
+        );
         u.event_mut(0).unwrap().settled = true;
         assert_eq!(u.confirm(), None);
-        assert!(u.release_due().is_some());
+        assert!(u.take_due_release().is_some());
         // The release read two held events: they come before the later event, which is numbered
         // after them.
         u.released(vec![row("a", 3), row("a", 5)], None);
-        assert_eq!(claimable(&mut u), [(1, 3), (2, 5), (3, 12)]);
-        assert_eq!(u.event_mut(2).unwrap().kept_seq, Some(5));
-        assert_eq!(u.event_mut(3).unwrap().kept_seq, None);
+        assert_eq!(claimable(&mut u), [(2, 3), (3, 5), (4, 12)]);
+        assert_eq!(u.event_mut(3).unwrap().kept_seq, Some(5));
+        assert_eq!(u.event_mut(4).unwrap().kept_seq, None);
     }
 
     #[test]
@@ -271,22 +252,24 @@ mod tests {
         u.push_event(row("a", 12), None);
         let mut next = Release::of(vec![("order".into(), "a".into())]);
         next.after_seq = 3;
+        assert!(u.take_due_release().is_some());
         u.released(vec![row("a", 3)], Some(next.clone()));
-        assert_eq!(claimable(&mut u), [(0, 3)], "the next page is a barrier");
-        u.event_mut(0).unwrap().settled = true;
+        assert_eq!(claimable(&mut u), [(1, 3)], "the next page is a barrier");
+        u.event_mut(1).unwrap().settled = true;
         u.confirm();
-        assert_eq!(u.release_due(), Some(&next));
+        assert_eq!(u.take_due_release(), Some(next));
         u.released(vec![row("a", 4)], None);
-        assert_eq!(claimable(&mut u), [(1, 4), (2, 12)]);
+        assert_eq!(claimable(&mut u), [(3, 4), (4, 12)]);
     }
 
     #[test]
     fn the_release_at_the_start_comes_before_everything_read() {
         let mut u = Unconfirmed::default();
         u.push_event(row("a", 12), None);
-        u.release_first(Release::of(vec![]));
-        assert!(u.release_due().is_some());
-        u.released(vec![], None);
-        assert_eq!(claimable(&mut u), [(-1, 12)]);
+        u.release_first(Release::every_held(7));
+        assert_eq!(claimable(&mut u), [], "nothing read goes before it");
+        assert!(u.take_due_release().is_some());
+        u.released(vec![row("a", 7)], None);
+        assert_eq!(claimable(&mut u), [(0, 7), (1, 12)]);
     }
 }
