@@ -14,8 +14,7 @@
 //! one. So no event of an aggregate can go out ahead of one held before it.
 
 use super::event::{from_recorded, table_id};
-use super::release::Scope;
-use crate::batch::Limits;
+use crate::error::SourceError;
 use crate::row::{Aggregate, OutboxRow};
 use bytes::Bytes;
 use sqlx::PgConnection;
@@ -210,7 +209,7 @@ pub(super) async fn last_held_seq(db: &mut PgConnection) -> Result<Option<i64>, 
 /// relays, which publish a row's `payload` and know nothing of `recorded`; returns how many.
 /// Refused, changing nothing, if one cannot be (its bytes are not an event with a UUID id: it was
 /// parked for that): it must be skipped first.
-pub(super) async fn convert_table_less(db: &mut PgConnection) -> Result<u64, super::slot::Prepare> {
+pub(super) async fn convert_table_less(db: &mut PgConnection) -> Result<u64, SourceError> {
     let kept: Vec<(i64, uuid::Uuid, Vec<u8>)> = sqlx::query_as(
         "SELECT seq, id, recorded FROM outbox
          WHERE recorded IS NOT NULL AND published_at IS NULL ORDER BY seq",
@@ -245,104 +244,11 @@ pub(super) async fn convert_table_less(db: &mut PgConnection) -> Result<u64, sup
     if unreadable.is_empty() {
         return Ok(converted);
     }
-    Err(super::slot::Prepare::Refused(super::slot::Refused(
-        format!(
-            "{} table-less events the WAL source parked cannot become rows for the polling relays \
+    Err(SourceError::Refused(format!(
+        "{} table-less events the WAL source parked cannot become rows for the polling relays \
          (their recorded bytes are not an event with a UUID id): skip them first (`outbox-relay \
          failed skip --id ID --reason ...`): {}; nothing was changed",
-            unreadable.len(),
-            unreadable.join(", ")
-        ),
+        unreadable.len(),
+        unreadable.join(", ")
     )))
-}
-
-/// How many kept events a release reads at once.
-pub(super) const PAGE: i64 = 1_000;
-
-/// A kept event, as a release reads it.
-pub(super) struct Kept {
-    pub row: OutboxRow,
-    /// Parked (it stops its aggregate's release), or held.
-    pub parked: bool,
-}
-
-/// The next [`PAGE`] kept events of a release's `scope` after `after_seq`, in `seq` order. A
-/// table-less event is read from its recorded bytes, as it was recorded.
-pub(super) async fn page(
-    db: &mut PgConnection,
-    scope: &Scope,
-    after_seq: i64,
-    limits: &Limits,
-) -> Result<Vec<Kept>, sqlx::Error> {
-    use sqlx::Row;
-    let query = match scope {
-        Scope::Named(aggregates) => {
-            let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
-                .iter()
-                .map(|(t, i)| (t.as_str(), i.as_str()))
-                .unzip();
-            sqlx::query(NAMED_PAGE).bind(types).bind(ids)
-        }
-        // Through `outbox_unpublished`, in `seq` order, up to the last held event.
-        Scope::EveryHeld { up_to_seq } => sqlx::query(EVERY_HELD_PAGE).bind(*up_to_seq),
-    };
-    let rows = query.bind(after_seq).bind(PAGE).fetch_all(db).await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let mut row = OutboxRow::read(r, limits);
-            if let Ok(Some(recorded)) = r.try_get::<Option<Vec<u8>>, _>("recorded") {
-                row = as_recorded(row, Bytes::from(recorded), limits.max_payload_bytes);
-            }
-            Kept {
-                row,
-                parked: r.try_get("parked").unwrap_or(true),
-            }
-        })
-        .collect())
-}
-
-/// A kept event's columns, as [`OutboxRow::read`] reads them.
-macro_rules! kept_columns {
-    () => {
-        "SELECT id::text AS id, seq, aggregate_type, aggregate_id, event_type, event_version, topic,
-                payload::text AS payload, octet_length(payload::text)::int8 AS payload_bytes,
-                headers::text AS headers, attempts,
-                CASE WHEN isfinite(created_at) THEN (extract(epoch FROM created_at) * 1000)::int8 END
-                    AS created_ms,
-                true AS payload_valid, parked_at IS NOT NULL AS parked, recorded
-         FROM outbox
-         WHERE published_at IS NULL AND (held_at IS NOT NULL OR parked_at IS NOT NULL)"
-    };
-}
-
-/// A page of the kept events of the named aggregates ($1, $2) after `seq` $3, $4 at most.
-const NAMED_PAGE: &str = concat!(
-    kept_columns!(),
-    " AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-      AND seq > $3 ORDER BY seq LIMIT $4"
-);
-
-/// A page of the kept events up to `seq` $1, after `seq` $2, $3 at most.
-const EVERY_HELD_PAGE: &str = concat!(
-    kept_columns!(),
-    " AND seq <= $1 AND seq > $2 ORDER BY seq LIMIT $3"
-);
-
-/// The table-less event `recorded` holds, in the place of the row kept for it (its `seq`, its
-/// aggregate when the bytes cannot be read).
-fn as_recorded(kept: OutboxRow, recorded: Bytes, max_payload_bytes: usize) -> OutboxRow {
-    match from_recorded(&recorded, kept.created_ms, max_payload_bytes) {
-        Ok(row) => OutboxRow {
-            seq: kept.seq,
-            attempts: kept.attempts,
-            ..row
-        },
-        Err(reason) => OutboxRow {
-            payload: Bytes::new(),
-            defect: Some(reason),
-            recorded: Some(recorded),
-            ..kept
-        },
-    }
 }

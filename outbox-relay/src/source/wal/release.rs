@@ -6,10 +6,12 @@
 //! what the table had before the slot was made.
 
 use super::WalStream;
-use super::parked::{self, PAGE};
+use super::event::from_recorded;
 use crate::batch::Limits;
 use crate::error::SourceError;
-use crate::row::Aggregate;
+use crate::row::{Aggregate, OutboxRow};
+use bytes::Bytes;
+use sqlx::PgConnection;
 use std::collections::HashSet;
 
 /// Whose held events a release sends.
@@ -78,7 +80,7 @@ impl WalStream {
         };
         let page = match &release.scope {
             Scope::Named(aggregates) if aggregates.is_empty() => Vec::new(),
-            scope => parked::page(&mut self.db, scope, release.after_seq, &limits).await?,
+            scope => page(&mut self.db, scope, release.after_seq, &limits).await?,
         };
         let more = page.len() as i64 == PAGE;
         let every_held = matches!(release.scope, Scope::EveryHeld { .. });
@@ -116,5 +118,96 @@ impl WalStream {
         }
         self.read.released(events, None);
         Ok(())
+    }
+}
+
+/// How many kept events a release reads at once.
+const PAGE: i64 = 1_000;
+
+/// A kept event, as a release reads it.
+struct Kept {
+    row: OutboxRow,
+    /// Parked (it stops its aggregate's release), or held.
+    parked: bool,
+}
+
+/// The next [`PAGE`] kept events of a release's `scope` after `after_seq`, in `seq` order. A
+/// table-less event is read from its recorded bytes, as it was recorded.
+async fn page(
+    db: &mut PgConnection,
+    scope: &Scope,
+    after_seq: i64,
+    limits: &Limits,
+) -> Result<Vec<Kept>, sqlx::Error> {
+    use sqlx::Row;
+    let query = match scope {
+        Scope::Named(aggregates) => {
+            let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+                .iter()
+                .map(|(t, i)| (t.as_str(), i.as_str()))
+                .unzip();
+            sqlx::query(NAMED_PAGE).bind(types).bind(ids)
+        }
+        // Through `outbox_unpublished`, in `seq` order, up to the last held event.
+        Scope::EveryHeld { up_to_seq } => sqlx::query(EVERY_HELD_PAGE).bind(*up_to_seq),
+    };
+    let rows = query.bind(after_seq).bind(PAGE).fetch_all(db).await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let mut row = OutboxRow::read(r, limits);
+            if let Ok(Some(recorded)) = r.try_get::<Option<Vec<u8>>, _>("recorded") {
+                row = as_recorded(row, Bytes::from(recorded), limits.max_payload_bytes);
+            }
+            Kept {
+                row,
+                parked: r.try_get("parked").unwrap_or(true),
+            }
+        })
+        .collect())
+}
+
+/// A kept event's columns, as [`OutboxRow::read`] reads them.
+macro_rules! kept_columns {
+    () => {
+        "SELECT id::text AS id, seq, aggregate_type, aggregate_id, event_type, event_version, topic,
+                payload::text AS payload, octet_length(payload::text)::int8 AS payload_bytes,
+                headers::text AS headers, attempts,
+                CASE WHEN isfinite(created_at) THEN (extract(epoch FROM created_at) * 1000)::int8 END
+                    AS created_ms,
+                true AS payload_valid, parked_at IS NOT NULL AS parked, recorded
+         FROM outbox
+         WHERE published_at IS NULL AND (held_at IS NOT NULL OR parked_at IS NOT NULL)"
+    };
+}
+
+/// A page of the kept events of the named aggregates ($1, $2) after `seq` $3, $4 at most.
+const NAMED_PAGE: &str = concat!(
+    kept_columns!(),
+    " AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+      AND seq > $3 ORDER BY seq LIMIT $4"
+);
+
+/// A page of the kept events up to `seq` $1, after `seq` $2, $3 at most.
+const EVERY_HELD_PAGE: &str = concat!(
+    kept_columns!(),
+    " AND seq <= $1 AND seq > $2 ORDER BY seq LIMIT $3"
+);
+
+/// The table-less event `recorded` holds, in the place of the row kept for it (its `seq`, its
+/// aggregate when the bytes cannot be read).
+fn as_recorded(kept: OutboxRow, recorded: Bytes, max_payload_bytes: usize) -> OutboxRow {
+    match from_recorded(&recorded, kept.created_ms, max_payload_bytes) {
+        Ok(row) => OutboxRow {
+            seq: kept.seq,
+            attempts: kept.attempts,
+            ..row
+        },
+        Err(reason) => OutboxRow {
+            payload: Bytes::new(),
+            defect: Some(reason),
+            recorded: Some(recorded),
+            ..kept
+        },
     }
 }
