@@ -124,16 +124,33 @@ pub(crate) fn postgres_options(
     Ok((options, timeout))
 }
 
+/// The [`KEEPALIVE_SETTINGS`] that the URL's `options` (`set_by_url`) leave unset.
+fn keepalives_unset(
+    set_by_url: Option<&str>,
+) -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    let set_by_url = set_by_url.unwrap_or_default().to_owned();
+    KEEPALIVE_SETTINGS
+        .iter()
+        .filter(move |(name, _)| !set_by_url.contains(name))
+}
+
 /// The `SET` statements of the [`KEEPALIVE_SETTINGS`] that the URL's `options` (`set_by_url`)
 /// leave unset; empty when it sets them all.
 fn keepalive_sql(set_by_url: Option<&str>) -> String {
-    let set_by_url = set_by_url.unwrap_or_default();
-    KEEPALIVE_SETTINGS
-        .iter()
-        .filter(|(name, _)| !set_by_url.contains(name))
+    keepalives_unset(set_by_url)
         .map(|(name, value)| format!("SET {name} = {value}"))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The startup options of a replication connection (which takes no `SET`): the URL's own
+/// `options`, and the [`KEEPALIVE_SETTINGS`] they leave unset.
+pub(crate) fn replication_options(set_by_url: Option<&str>) -> String {
+    keepalives_unset(set_by_url)
+        .map(|(name, value)| format!("-c {name}={value}"))
+        .chain(set_by_url.map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Limits the relay's own statements on `conn` to `timeout` (`statement_timeout`).
@@ -177,6 +194,13 @@ mod tests {
             postgres_options("postgres://db/shop?options=-c%20tcp_keepalives_idle%3D60").unwrap();
         let rest = keepalive_sql(options.get_options());
         assert!(!rest.contains("tcp_keepalives_idle"), "{rest}");
+        let replication = replication_options(options.get_options());
+        assert!(
+            replication.contains("-c tcp_user_timeout=30000")
+                && replication.ends_with("-c tcp_keepalives_idle=60")
+                && replication.matches("tcp_keepalives_idle").count() == 1,
+            "{replication}"
+        );
         assert!(rest.contains("SET tcp_keepalives_count = 4"), "{rest}");
     }
 

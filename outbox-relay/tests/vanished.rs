@@ -1,7 +1,8 @@
 //! Peers that vanish without closing their connections (a host powered off, a network cut) on a
 //! real PostgreSQL: the relay's sessions carry TCP keepalives and its calls a time limit, so a
 //! vanished replica's shard leases move, and a relay cut off from its database reconnects, in
-//! about half a minute instead of the kernel's hours.
+//! about half a minute instead of the kernel's hours; a WAL relay's stream is checked when it is
+//! silent, and the server ends the stream of a vanished WAL relay for its standby.
 //!
 //! A peer vanishes when its process is stopped and every packet of its connections is dropped on
 //! the loopback interface (iptables): nothing answers for it any more, not even its kernel. These
@@ -9,6 +10,7 @@
 
 mod common;
 
+use common::wal::WalFixture;
 use common::{Fixture, KillOnDrop};
 use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::process::Command;
@@ -186,4 +188,87 @@ async fn a_relay_cut_off_from_its_database_reconnects() {
         "the relay gave up on its silent connection: {log}"
     );
     drop(hole);
+}
+
+/// The server process streaming the fixture's slot (0 when none does).
+async fn streaming_to(w: &WalFixture) -> i64 {
+    w.f.scalar(&format!(
+        "SELECT coalesce(max(active_pid), 0)::bigint FROM pg_replication_slots WHERE slot_name = '{}'",
+        w.source.slot
+    ))
+    .await
+}
+
+/// A WAL relay whose database's host vanishes mid-run: its idle stream is silent anyway, so the
+/// relay checks over its plain connection after 10 s of silence; the check goes unanswered
+/// within the call limit and the relay reconnects, waits as a standby until PostgreSQL ends the
+/// old stream (keepalives: about 30 s), and publishes what was recorded meanwhile.
+#[tokio::test]
+async fn a_wal_relay_cut_off_from_its_database_reconnects() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let relay = w.spawn_relay(&["--statement-timeout", "2s"]);
+    w.wait_for_slot().await;
+    w.wait_until_reading().await;
+    record(&w.f, 10).await;
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+    let old_stream = streaming_to(&w).await;
+
+    let hole = Blackhole::of(&connections_of(relay.id(), postgres_port(&w.f)));
+    let cut = Instant::now();
+    record(&w.f, 10).await;
+    w.wait_until_confirmed(Duration::from_secs(120)).await;
+    eprintln!("published again {:?} after the cut", cut.elapsed());
+    assert_ne!(streaming_to(&w).await, old_stream, "a new stream");
+    let log = relay.log();
+    assert!(
+        log.contains("no answer from the database within 4s"),
+        "the relay gave up on its silent stream: {log}"
+    );
+    drop(hole);
+    drop(relay);
+    w.drop_slot().await;
+}
+
+/// A WAL relay whose host vanishes: PostgreSQL's keepalive probes on the stream go unanswered,
+/// it ends the stream after about 30 s, and the standby takes the slot and publishes what was
+/// recorded meanwhile. (The vanished relay's stream has `wal_sender_timeout` off, which would
+/// end it after 60 s anyway: here only the keepalives can.)
+#[tokio::test]
+async fn a_vanished_wal_relays_slot_goes_to_its_standby_within_about_half_a_minute() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    assert!(w.f.url.contains("options=-c%20search_path"), "{}", w.f.url);
+    let without_timeout = WalFixture {
+        f: Fixture {
+            url: w
+                .f
+                .url
+                .replacen("options=", "options=-c%20wal_sender_timeout%3D0%20", 1),
+            ..w.f.clone()
+        },
+        source: w.source.clone(),
+    };
+    let first = without_timeout.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    w.wait_until_reading().await;
+    let standby = w.spawn_relay(&[]);
+    record(&w.f, 10).await;
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+
+    common::signal(&first, "STOP");
+    let hole = Blackhole::of(&connections_of(first.id(), postgres_port(&w.f)));
+    let cut = Instant::now();
+    record(&w.f, 10).await;
+    w.wait_until_confirmed(Duration::from_secs(120)).await;
+    eprintln!(
+        "the standby took the slot and published {:?} after the cut",
+        cut.elapsed()
+    );
+    let pids = connections_of(standby.id(), postgres_port(&w.f));
+    assert!(!pids.is_empty(), "the standby is connected");
+    drop(hole);
+    drop(first);
+    drop(standby);
+    w.drop_slot().await;
 }

@@ -78,8 +78,13 @@ pub(super) fn replication_config(
         (source.window_bytes / max_payload_bytes.max(1)).clamp(MIN_BUFFERED, MAX_BUFFERED),
     )
     .with_tls(tls)
-    // Commit timestamps and `created_at` in one format whatever the server's defaults.
-    .with_options("-c datestyle=ISO -c timezone=UTC")
+    // Commit timestamps and `created_at` in one format whatever the server's defaults; the
+    // keepalives of every relay session, so the server frees the slot within about 30 s of the
+    // relay's host vanishing (for a standby to take it).
+    .with_options(format!(
+        "-c datestyle=ISO -c timezone=UTC {}",
+        crate::database::replication_options(options.get_options())
+    ))
     .with_application_name(format!("{}-wal", crate::database::APPLICATION_NAME))
     // A confirmed position reaches the server within a second: what a crash can send again.
     .with_status_interval(Duration::from_secs(1))

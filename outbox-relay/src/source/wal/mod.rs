@@ -50,6 +50,13 @@ pub use switch::{ToPolling, from_polling, to_polling};
 /// beyond it, or beyond `WalSource::window_bytes` of payload.
 const MAX_UNCONFIRMED: usize = 10_000;
 
+/// How long the stream may bring nothing before a claim checks, over the plain connection, that
+/// the server still streams to this relay. An idle stream is silent (the server sends keepalives
+/// only to a client that stops answering), and a vanished database host leaves it silent for
+/// good: the check, bounded by the call limit as every claim, finds that out and the relay
+/// reconnects.
+const SILENCE: Duration = Duration::from_secs(10);
+
 /// How often a standby relay checks whether the slot's reader is gone.
 pub const STANDBY_POLL: Duration = Duration::from_secs(1);
 
@@ -115,6 +122,10 @@ pub(crate) struct WalStream {
     failure: Option<SourceError>,
     /// When the first event backing off may be claimed again.
     next_retry: Option<Instant>,
+    /// The server process streaming to this relay, and when the stream last brought anything:
+    /// after [`SILENCE`] of nothing, the next claim asks the database whether it still streams.
+    walsender_pid: Option<i32>,
+    heard_at: Instant,
 }
 
 impl WalStream {
@@ -146,6 +157,12 @@ impl WalStream {
                 e.into()
             });
         }
+        let walsender_pid: Option<i32> =
+            sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(&source.slot)
+                .fetch_optional(&mut db)
+                .await?
+                .flatten();
         let mut read = Unconfirmed::default();
         // What the table holds and is no longer behind a parked event goes out first: what a
         // release left held (the relay stopped during it), and what the table had before the slot.
@@ -168,11 +185,14 @@ impl WalStream {
             fresh: true,
             failure: None,
             next_retry: None,
+            walsender_pid,
+            heard_at: Instant::now(),
         })
     }
 
     /// Takes in one replication event.
     fn take(&mut self, event: ReplicationEvent) -> Result<(), SourceError> {
+        self.heard_at = Instant::now();
         let stream = SourceError::Replication;
         match event {
             ReplicationEvent::Begin {
@@ -265,6 +285,25 @@ impl WalStream {
         Ok(())
     }
 
+    /// Whether the server still streams to this relay: its process still reads the slot (the
+    /// claim's call limit bounds the wait for the answer).
+    async fn still_streaming(&mut self) -> Result<(), SourceError> {
+        let reader: Option<Option<i32>> =
+            sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
+                .bind(&self.slot)
+                .fetch_optional(&mut self.db)
+                .await?;
+        match reader.flatten() {
+            Some(pid) if self.walsender_pid.is_none_or(|ours| ours == pid) => {
+                self.walsender_pid = Some(pid);
+                Ok(())
+            }
+            _ => Err(SourceError::Replication(
+                "the stream went silent and the server no longer streams to this relay".into(),
+            )),
+        }
+    }
+
     fn confirm_to(&mut self, lsn: Lsn, commit_ms: Option<i64>) {
         self.wal.update_applied_lsn(lsn);
         self.confirmed = lsn;
@@ -296,6 +335,10 @@ impl Source for WalStream {
             return Err(e);
         }
         self.read_available().await?;
+        if self.heard_at.elapsed() >= SILENCE {
+            self.still_streaming().await?;
+            self.heard_at = Instant::now();
+        }
         self.fresh = false;
         self.confirm().await?;
         let in_flight: HashSet<i64> = in_flight.iter().copied().collect();
