@@ -45,10 +45,11 @@ impl MigrationTrait for Migration {
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
-        manager
-            .get_connection()
-            .execute_unprepared(self.0.down())
-            .await?;
+        let sql = self
+            .0
+            .down(manager.get_database_backend())
+            .map_err(|e| DbErr::Migration(e.to_string()))?;
+        manager.get_connection().execute_unprepared(sql).await?;
         Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! The outbox schema as plain SQL, one step per file, for PostgreSQL and SQLite.
+//! The outbox schema as plain SQL, one step per file, for PostgreSQL, SQLite and MySQL/MariaDB.
 //!
 //! [`migration`](crate::migration) runs these same steps through sea-orm-migration; teams that
 //! manage their schema elsewhere apply the files in `sql/` themselves.
@@ -15,14 +15,16 @@
 use crate::{Error, Result};
 use sea_orm::DbBackend;
 
-/// One change to the schema, in both dialects.
+/// One change to the schema, in every dialect.
 #[derive(Debug)]
 pub struct SchemaStep {
     /// A stable name, recorded by migration tools.
     pub name: &'static str,
     postgres: &'static str,
     sqlite: &'static str,
+    mysql: &'static str,
     down: &'static str,
+    mysql_down: &'static str,
 }
 
 impl SchemaStep {
@@ -31,13 +33,26 @@ impl SchemaStep {
         match backend {
             DbBackend::Postgres => Ok(self.postgres),
             DbBackend::Sqlite => Ok(self.sqlite),
+            DbBackend::MySql => Ok(self.mysql),
             other => Err(Error::UnsupportedBackend(other)),
         }
     }
 
-    /// The SQL that reverts this step (the same on both backends).
-    pub fn down(&self) -> &'static str {
-        self.down
+    /// The SQL that reverts this step on `backend`.
+    ///
+    /// ```
+    /// use sea_orm::DbBackend;
+    ///
+    /// let first = &seaorm_outbox::schema::STEPS[0];
+    /// assert!(first.down(DbBackend::MySql)?.contains("DROP TABLE IF EXISTS outbox_lock"));
+    /// # Ok::<(), seaorm_outbox::Error>(())
+    /// ```
+    pub fn down(&self, backend: DbBackend) -> Result<&'static str> {
+        match backend {
+            DbBackend::Postgres | DbBackend::Sqlite => Ok(self.down),
+            DbBackend::MySql => Ok(self.mysql_down),
+            other => Err(Error::UnsupportedBackend(other)),
+        }
     }
 }
 
@@ -47,13 +62,18 @@ pub const STEPS: &[SchemaStep] = &[
         name: "m0001_outbox",
         postgres: include_str!("../sql/postgres/0001_outbox.sql"),
         sqlite: include_str!("../sql/sqlite/0001_outbox.sql"),
+        mysql: include_str!("../sql/mysql/0001_outbox.sql"),
         down: "DROP TABLE IF EXISTS processed_events; DROP TABLE IF EXISTS outbox;",
+        mysql_down: "DROP TABLE IF EXISTS processed_events; DROP TABLE IF EXISTS outbox_lock; \
+                     DROP TABLE IF EXISTS outbox;",
     },
     SchemaStep {
         name: "m0002_held",
         postgres: include_str!("../sql/postgres/0002_held.sql"),
         sqlite: include_str!("../sql/sqlite/0002_held.sql"),
+        mysql: include_str!("../sql/mysql/0002_held.sql"),
         down: "DROP INDEX IF EXISTS outbox_held; ALTER TABLE outbox DROP COLUMN recorded; \
                ALTER TABLE outbox DROP COLUMN held_at;",
+        mysql_down: "ALTER TABLE outbox DROP COLUMN recorded, DROP COLUMN held_at;",
     },
 ];

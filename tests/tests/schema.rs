@@ -1,9 +1,9 @@
 //! The schema delivered two ways, as sea-orm-migration migrations and as plain SQL files, produces
-//! the same tables, columns and indexes, on PostgreSQL and on SQLite; and that schema is the one
-//! documented (column names outside tools rely on, the partial index the relay's claim uses).
+//! the same tables, columns and indexes, on PostgreSQL, SQLite and MariaDB; and that schema is the
+//! one documented (column names outside tools rely on, the index the relay's claim uses).
 
-use outbox_tests::{Backend, empty, postgres_schema};
-use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, Statement};
+use outbox_tests::{Backend, empty, mariadb_database_url, postgres_schema};
+use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 use std::path::Path;
 
 /// Applies the shipped SQL files of `dialect` in order, as a team with its own tooling would.
@@ -91,6 +91,27 @@ async fn describe_sqlite(db: &DatabaseConnection) -> Described {
         db,
         "SELECT tbl_name, name, sql FROM sqlite_master \
          WHERE type = 'index' AND tbl_name <> 'outbox_migrations' ORDER BY name",
+    )
+    .await;
+    Described { columns, indexes }
+}
+
+async fn describe_mariadb(db: &DatabaseConnection) -> Described {
+    let columns = text_rows(
+        db,
+        "SELECT table_name, column_name, column_type, is_nullable, column_default, column_key \
+         FROM information_schema.columns \
+         WHERE table_schema = DATABASE() AND table_name <> 'outbox_migrations' \
+         ORDER BY table_name, ordinal_position",
+    )
+    .await;
+    let indexes = text_rows(
+        db,
+        "SELECT table_name, index_name, \
+                GROUP_CONCAT(column_name ORDER BY seq_in_index SEPARATOR ',') \
+         FROM information_schema.statistics \
+         WHERE table_schema = DATABASE() AND table_name <> 'outbox_migrations' \
+         GROUP BY table_name, index_name ORDER BY table_name, index_name",
     )
     .await;
     Described { columns, indexes }
@@ -194,6 +215,59 @@ async fn sqlite_migration_and_sql_files_agree() {
             .unwrap()
             .ends_with("WHERE published_at IS NULL")
     );
+}
+
+#[tokio::test]
+async fn mariadb_migration_and_sql_files_agree() {
+    let migrated = Database::connect(mariadb_database_url().await)
+        .await
+        .unwrap();
+    seaorm_outbox::migration::migrate(&migrated).await.unwrap();
+    let plain = Database::connect(mariadb_database_url().await)
+        .await
+        .unwrap();
+    apply_sql_files(&plain, "mysql").await;
+
+    let a = describe_mariadb(&migrated).await;
+    let b = describe_mariadb(&plain).await;
+    // MySQL has no partial index: the claim reads the NULL prefix of this one, in seq order.
+    let unpublished = assert_same_and_documented(&a, &b);
+    assert_eq!(unpublished[2].as_deref(), Some("published_at,seq"));
+    let column = |name: &str| {
+        a.columns
+            .iter()
+            .find(|c| c[0].as_deref() == Some("outbox") && c[1].as_deref() == Some(name))
+            .unwrap()
+    };
+    assert_eq!(
+        column("payload")[2].as_deref(),
+        Some("longtext"),
+        "the payload is kept as the text the application serialized"
+    );
+    assert_eq!(column("seq")[5].as_deref(), Some("PRI"));
+    assert_eq!(
+        text_rows(&migrated, "SELECT CAST(COUNT(*) AS CHAR) FROM outbox_lock").await,
+        [[Some("65536".to_owned())]]
+    );
+}
+
+#[tokio::test]
+async fn mariadb_migrations_are_idempotent_and_reversible() {
+    let db = Database::connect(mariadb_database_url().await)
+        .await
+        .unwrap();
+    seaorm_outbox::migration::migrate(&db).await.unwrap();
+    seaorm_outbox::migration::migrate(&db).await.unwrap();
+    use sea_orm_migration::MigratorTrait;
+    use seaorm_outbox::migration::Migrator;
+    Migrator::down(&db, None).await.unwrap();
+    let left = text_rows(
+        &db,
+        "SELECT table_name FROM information_schema.tables \
+         WHERE table_schema = DATABASE() AND table_name <> 'outbox_migrations'",
+    )
+    .await;
+    assert!(left.is_empty(), "down left {left:?}");
 }
 
 #[tokio::test]
