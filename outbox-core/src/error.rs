@@ -56,8 +56,24 @@ pub enum Error {
         limit: usize,
     },
 
-    /// The connection's backend is neither PostgreSQL nor SQLite.
-    #[error("outbox supports PostgreSQL and SQLite, not {0:?}")]
+    /// A name is longer than its column on MySQL and MariaDB (`VARCHAR(255)`), which would cut it
+    /// short: two aggregates could become one. Nothing was written.
+    #[error(
+        "the {column} of event `{event_type}` is {chars} characters long; the outbox table on MySQL and MariaDB holds {limit}"
+    )]
+    TooLong {
+        /// The column: `aggregate_type`, `aggregate_id`, `event_type` or `topic`.
+        column: &'static str,
+        /// The event type (cut to the column's length if it is the one too long).
+        event_type: String,
+        /// The value's length in characters.
+        chars: usize,
+        /// The column's length.
+        limit: usize,
+    },
+
+    /// The connection's backend is not one outbox supports.
+    #[error("outbox supports PostgreSQL, SQLite, MySQL and MariaDB, not {0:?}")]
     UnsupportedBackend(sea_orm::DbBackend),
 
     /// [`Recording::LogicalMessage`](crate::Recording) writes into PostgreSQL's WAL; this

@@ -109,12 +109,28 @@ impl Inbox {
             DbBackend::Sqlite => {
                 "INSERT INTO processed_events (consumer, event_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING"
             }
+            // Not INSERT IGNORE, which would also turn a consumer name too long for its column
+            // into a warning and a truncated name. A duplicate key fails the statement alone: the
+            // transaction goes on.
+            DbBackend::MySql => "INSERT INTO processed_events (consumer, event_id) VALUES (?, ?)",
             other => return Err(Error::UnsupportedBackend(other)),
         };
         let values = [self.consumer.clone().into(), event_id.to_string().into()];
-        let result = txn
+        match txn
             .execute_raw(Statement::from_sql_and_values(backend, sql, values))
-            .await?;
-        Ok(result.rows_affected() == 1)
+            .await
+        {
+            Ok(result) => Ok(result.rows_affected() == 1),
+            Err(e)
+                if backend == DbBackend::MySql
+                    && matches!(
+                        e.sql_err(),
+                        Some(sea_orm::SqlErr::UniqueConstraintViolation(_))
+                    ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }

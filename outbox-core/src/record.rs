@@ -12,8 +12,8 @@ use uuid::Uuid;
 
 /// Inserts `events`, of one type, with one statement, in order, and returns their ids.
 ///
-/// On PostgreSQL the aggregates' locks are taken in one canonical order (ascending lock key)
-/// before anything is inserted, so two `record_all` calls over the same aggregates cannot deadlock.
+/// The aggregates' locks are taken in one canonical order (ascending lock key) before anything is
+/// inserted, so two `record_all` calls over the same aggregates cannot deadlock.
 ///
 /// ```no_run
 /// # use seaorm_outbox::OutboxEvent;
@@ -74,9 +74,15 @@ pub(crate) async fn insert(
         (DbBackend::Postgres, crate::Recording::Table) => POSTGRES_INSERT,
         (DbBackend::Postgres, crate::Recording::LogicalMessage) => POSTGRES_EMIT,
         (DbBackend::Sqlite, crate::Recording::Table) => SQLITE_INSERT,
-        (DbBackend::Sqlite, _) => return Err(Error::LogicalMessageUnsupported(backend)),
+        (DbBackend::MySql, crate::Recording::Table) => MYSQL_INSERT,
+        (DbBackend::Sqlite | DbBackend::MySql, _) => {
+            return Err(Error::LogicalMessageUnsupported(backend));
+        }
         (other, _) => return Err(Error::UnsupportedBackend(other)),
     };
+    // MySQL's JSON functions would rewrite a payload nested in the parameter (key order,
+    // spacing): there it travels as a JSON string, taken out as text.
+    let nested_as_text = backend == DbBackend::MySql;
     let limit = outbox.max_payload_bytes;
     let mut param = Vec::with_capacity(256 * events.len());
     param.push(b'[');
@@ -91,30 +97,48 @@ pub(crate) async fn insert(
                 event_type: event.event_type.clone(),
             });
         }
+        if backend == DbBackend::MySql {
+            fits_mysql_columns(event)?;
+        }
         if n > 0 {
             param.push(b',');
         }
-        write_row(&mut param, event, limit)?;
+        write_row(&mut param, event, limit, nested_as_text)?;
     }
     param.push(b']');
     // Serialized from `Value`s and `String`s: valid UTF-8.
     let param = String::from_utf8(param).expect("serde_json writes UTF-8");
+    if backend == DbBackend::MySql {
+        lock_mysql_aggregates(txn, &events).await?;
+    }
     txn.execute_raw(Statement::from_sql_and_values(backend, sql, [param.into()]))
         .await?;
     Ok(events.iter().map(|e| e.id).collect())
 }
 
 /// Appends `event` as one JSON object of the statement's array parameter. The payload is
-/// serialized once, straight into the parameter, and its size checked against `limit` there.
-fn write_row(param: &mut Vec<u8>, event: &NewEvent, limit: usize) -> Result<()> {
+/// serialized once, straight into the parameter, and its size checked against `limit` there; with
+/// `nested_as_text`, the payload and the headers are JSON strings holding their JSON text.
+fn write_row(
+    param: &mut Vec<u8>,
+    event: &NewEvent,
+    limit: usize,
+    nested_as_text: bool,
+) -> Result<()> {
     let serialize_error = |source| Error::Serialize {
         event_type: event.event_type.clone(),
         source,
     };
     param.extend_from_slice(br#"{"payload":"#);
-    let start = param.len();
-    serde_json::to_writer(&mut *param, &event.payload).map_err(serialize_error)?;
-    let bytes = param.len() - start;
+    let bytes = if nested_as_text {
+        let text = serde_json::to_string(&event.payload).map_err(serialize_error)?;
+        serde_json::to_writer(&mut *param, &text).map_err(serialize_error)?;
+        text.len()
+    } else {
+        let start = param.len();
+        serde_json::to_writer(&mut *param, &event.payload).map_err(serialize_error)?;
+        param.len() - start
+    };
     if bytes > limit {
         return Err(Error::PayloadTooLarge {
             event_type: event.event_type.clone(),
@@ -130,7 +154,11 @@ fn write_row(param: &mut Vec<u8>, event: &NewEvent, limit: usize) -> Result<()> 
         write_field(param, "event_version", &event.event_version)?;
         write_field(param, "topic", &event.topic)?;
         if !event.headers.is_empty() {
-            write_field(param, "headers", &event.headers)?;
+            if nested_as_text {
+                write_field(param, "headers", &serde_json::to_string(&event.headers)?)?;
+            } else {
+                write_field(param, "headers", &event.headers)?;
+            }
         }
         Ok(())
     };
@@ -187,3 +215,93 @@ SELECT value->>'$.id', value->>'$.aggregate_type', value->>'$.aggregate_id', val
 FROM json_each(?1)
 ORDER BY key
 "#;
+
+/// The length of the outbox table's name columns on MySQL, in characters.
+const MYSQL_NAME_CHARS: usize = 255;
+
+/// Refuses a name longer than its MySQL column: MySQL would cut it short, silently where
+/// `sql_mode` is not strict.
+fn fits_mysql_columns(event: &NewEvent) -> Result<()> {
+    let names = [
+        ("aggregate_type", Some(&event.aggregate_type)),
+        ("aggregate_id", Some(&event.aggregate_id)),
+        ("event_type", Some(&event.event_type)),
+        ("topic", event.topic.as_ref()),
+    ];
+    for (column, value) in names {
+        let chars = value.map_or(0, |v| v.chars().count());
+        if chars > MYSQL_NAME_CHARS {
+            return Err(Error::TooLong {
+                column,
+                event_type: event.event_type.chars().take(MYSQL_NAME_CHARS).collect(),
+                chars,
+                limit: MYSQL_NAME_CHARS,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// MySQL's per-aggregate lock: the row of the aggregate's bucket in `outbox_lock`, held until the
+/// transaction ends. InnoDB has no transaction-scoped advisory lock (`GET_LOCK` outlives a
+/// commit), and a row lock on a fixed table of buckets takes no gap locks. Taken one bucket at a
+/// time in ascending order (one prepared statement, and no deadlock between two writers), before
+/// the insert: a second writer of the aggregate takes its `seq` only after the first has
+/// committed. Two aggregates sharing a bucket only wait for each other.
+async fn lock_mysql_aggregates(txn: &DatabaseTransaction, events: &[NewEvent]) -> Result<()> {
+    let mut buckets: Vec<i64> = events
+        .iter()
+        .map(|e| mysql_lock_bucket(&e.aggregate_type, &e.aggregate_id))
+        .collect();
+    buckets.sort_unstable();
+    buckets.dedup();
+    for bucket in buckets {
+        txn.execute_raw(Statement::from_sql_and_values(
+            DbBackend::MySql,
+            "SELECT bucket FROM outbox_lock WHERE bucket = ? FOR UPDATE",
+            [bucket.into()],
+        ))
+        .await?;
+    }
+    Ok(())
+}
+
+/// The `outbox_lock` bucket of an aggregate: `CRC32(CONCAT(aggregate_type, ':', aggregate_id)) &
+/// 65535`, as writers in other languages compute it in SQL.
+pub(crate) fn mysql_lock_bucket(aggregate_type: &str, aggregate_id: &str) -> i64 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(aggregate_type.as_bytes());
+    hasher.update(b":");
+    hasher.update(aggregate_id.as_bytes());
+    i64::from(hasher.finalize() & 0xffff)
+}
+
+/// MySQL 8.0 and MariaDB 10.6 both read the array with `JSON_TABLE`; payload and headers come out
+/// of their JSON strings as the text the application serialized. Every text column names
+/// utf8mb4: MariaDB's `JSON_TABLE` columns are utf8mb3 otherwise, and turn an emoji into `?`.
+const MYSQL_INSERT: &str = r#"
+INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic, payload, headers)
+SELECT j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.event_version, j.topic, j.payload, j.headers
+FROM JSON_TABLE(?, '$[*]' COLUMNS (
+    n FOR ORDINALITY,
+    id CHAR(36) CHARACTER SET ascii PATH '$.id',
+    aggregate_type VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.aggregate_type',
+    aggregate_id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.aggregate_id',
+    event_type VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.event_type',
+    event_version INT PATH '$.event_version',
+    topic VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.topic',
+    payload LONGTEXT CHARACTER SET utf8mb4 PATH '$.payload',
+    headers TEXT CHARACTER SET utf8mb4 PATH '$.headers')) AS j
+ORDER BY j.n
+"#;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_lock_bucket_is_mysqls_crc32_of_the_aggregate() {
+        // SELECT CRC32('order:o-1') & 65535, CRC32(CONCAT('order', ':', 'é')) & 65535 on
+        // MariaDB 10.11 (a utf8mb4 connection).
+        assert_eq!(super::mysql_lock_bucket("order", "o-1"), 18315);
+        assert_eq!(super::mysql_lock_bucket("order", "é"), 36509);
+    }
+}

@@ -69,7 +69,8 @@ impl TestDatabase {
         Ok(database)
     }
 
-    /// Connects to the database at `url` (PostgreSQL or SQLite) and creates or upgrades the
+    /// Connects to the database at `url` (PostgreSQL, SQLite, or MySQL/MariaDB with the `mysql`
+    /// feature) and creates or upgrades the
     /// outbox schema there. The database is not emptied: give each test a database of its own,
     /// or use [`recorded`] filters that tell its events apart.
     pub async fn connect(url: &str) -> Result<Self> {
@@ -181,7 +182,7 @@ pub async fn recorded_events<C: ConnectionTrait>(db: &C) -> Result<Vec<RecordedE
             "SELECT id::text, seq, aggregate_type, aggregate_id, event_type, event_version, topic, \
              payload::text, headers::text, published_at IS NOT NULL FROM outbox ORDER BY seq"
         }
-        DbBackend::Sqlite => {
+        DbBackend::Sqlite | DbBackend::MySql => {
             "SELECT id, seq, aggregate_type, aggregate_id, event_type, event_version, topic, \
              payload, headers, published_at IS NOT NULL FROM outbox ORDER BY seq"
         }

@@ -62,8 +62,13 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
     let typo = clap_error(&["run", "--batch-sise", "5"], "unexpected argument");
     assert!(typo.contains("--batch-size"), "no tip: {typo}");
     usage_error(&["run", "--kafka-brokers", "x:1"], "no database");
+    let line = usage_error(
+        &["run", "--database-url", "mysql://app:s3cret@db/shop"],
+        "the relay does not read MySQL or MariaDB yet",
+    );
+    assert!(!line.contains("s3cret"), "the password leaked: {line}");
     usage_error(
-        &["run", "--database-url", "mysql://db/shop"],
+        &["run", "--database-url", "oracle://db/shop"],
         "must start with postgres://",
     );
     let line = usage_error(

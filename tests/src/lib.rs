@@ -1,7 +1,8 @@
 //! Shared set-up for the integration tests: databases to test against, each test isolated.
 //!
-//! PostgreSQL comes from `DATABASE_URL`, which `scripts/test` sets after starting a throwaway
-//! cluster. A test that needs it fails with a message saying so; none is skipped.
+//! PostgreSQL comes from `DATABASE_URL` and MariaDB from `MARIADB_URL`, which `scripts/test` sets
+//! after starting throwaway instances. A test that needs one fails with a message saying so; none
+//! is skipped.
 
 pub mod debezium;
 
@@ -17,6 +18,32 @@ pub enum Backend {
     SqliteFile,
     /// An in-memory SQLite database.
     SqliteMemory,
+    /// The MariaDB at `MARIADB_URL`, in a fresh database (MySQL's schema).
+    MariaDb,
+}
+
+/// The URL of the test MariaDB, or a panic that says how to get one.
+pub fn mariadb_url() -> String {
+    std::env::var("MARIADB_URL").unwrap_or_else(|_| {
+        panic!(
+            "MARIADB_URL is not set: this test needs a real MariaDB. \
+             Run `scripts/test`, which starts one and sets it."
+        )
+    })
+}
+
+/// A URL of a new, empty database of the test MariaDB, so tests run in parallel.
+pub async fn mariadb_database_url() -> String {
+    let url = mariadb_url();
+    let name = format!("t_{}", uuid_suffix());
+    let admin = connect(ConnectOptions::new(url.clone())).await;
+    admin
+        .execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create test database");
+    admin.close().await.ok();
+    let (server, _) = url.rsplit_once('/').expect("a MariaDB URL with a database");
+    format!("{server}/{name}")
 }
 
 /// The URL of the test PostgreSQL, or a panic that says how to get one.
@@ -71,6 +98,11 @@ pub async fn empty(backend: Backend) -> DatabaseConnection {
             options.max_connections(1).min_connections(1);
             connect(options).await
         }
+        Backend::MariaDb => {
+            let mut options = ConnectOptions::new(mariadb_database_url().await);
+            options.max_connections(20);
+            connect(options).await
+        }
     }
 }
 
@@ -80,9 +112,17 @@ pub async fn database(backend: Backend) -> DatabaseConnection {
     seaorm_outbox::migration::migrate(&db)
         .await
         .expect("outbox migrations");
-    db.execute_unprepared("CREATE TABLE orders (id TEXT PRIMARY KEY, total_cents BIGINT NOT NULL)")
-        .await
-        .expect("create orders");
+    // MySQL indexes no TEXT without a length.
+    let id = if db.get_database_backend() == DbBackend::MySql {
+        "VARCHAR(64)"
+    } else {
+        "TEXT"
+    };
+    db.execute_unprepared(&format!(
+        "CREATE TABLE orders (id {id} PRIMARY KEY, total_cents BIGINT NOT NULL)"
+    ))
+    .await
+    .expect("create orders");
     db
 }
 

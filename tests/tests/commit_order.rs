@@ -1,4 +1,4 @@
-//! Per-aggregate commit order on PostgreSQL: when transactions record events of one aggregate
+//! Per-aggregate commit order on PostgreSQL and MariaDB: when transactions record events of one aggregate
 //! concurrently, `seq` order equals commit order, with no lock taken by the business code.
 //!
 //! Commit order is read from PostgreSQL itself: `pg_xact_commit_timestamp(xmin)` of each outbox
@@ -168,9 +168,24 @@ async fn without_the_lock_the_check_sees_the_violation() {
 /// canonical order, so none deadlocks).
 #[tokio::test]
 async fn many_concurrent_writers_keep_commit_order_per_aggregate() {
+    let db = postgres().await;
+    let like = record_concurrently(&db, |_, _| Box::pin(async {})).await;
+    assert_eq!(order_violations(&db, &like).await, Vec::<String>::new());
+}
+
+/// What a writer does last before its commit (MariaDB's test takes its commit ticket there).
+type BeforeCommit =
+    for<'t> fn(
+        &'t seaorm_outbox::sea_orm::DatabaseTransaction,
+        Vec<Uuid>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 't>>;
+
+/// Eight writers record 40 times each over four hot aggregates, holding each transaction open
+/// 0-3 ms so they overlap; every third transaction records two aggregates in varying order.
+/// Checks that every event was recorded; returns the pattern of the aggregates' ids.
+async fn record_concurrently(db: &DatabaseConnection, before_commit: BeforeCommit) -> String {
     const WRITERS: usize = 8;
     const STEPS: usize = 40;
-    let db = postgres().await;
     let run = Uuid::now_v7();
     let accounts: Vec<String> = (0..4).map(|i| format!("hot-{run}-{i}")).collect();
 
@@ -181,7 +196,7 @@ async fn many_concurrent_writers_keep_commit_order_per_aggregate() {
                 let a = &accounts[(writer + step) % accounts.len()];
                 let b = &accounts[(writer * 3 + step * 7) % accounts.len()];
                 let txn = db.begin().await.unwrap();
-                if step % 3 == 0 {
+                let ids = if step % 3 == 0 {
                     let events = [a, b].map(|account| {
                         NewEvent::from_event(&Deposited {
                             account: account.clone(),
@@ -192,20 +207,18 @@ async fn many_concurrent_writers_keep_commit_order_per_aggregate() {
                     });
                     seaorm_outbox::record_new_events(&txn, events.into())
                         .await
-                        .unwrap();
+                        .unwrap()
                 } else {
-                    Deposited {
+                    let deposited = Deposited {
                         account: a.clone(),
                         writer,
                         step,
-                    }
-                    .record(&txn)
-                    .await
-                    .unwrap();
-                }
-                // Hold the transaction open for 0-3 ms so the writers overlap.
+                    };
+                    vec![deposited.record(&txn).await.unwrap()]
+                };
                 tokio::time::sleep(Duration::from_millis(((writer * 7 + step * 13) % 4) as u64))
                     .await;
+                before_commit(&txn, ids).await;
                 txn.commit().await.unwrap();
             }
         })
@@ -218,11 +231,118 @@ async fn many_concurrent_writers_keep_commit_order_per_aggregate() {
     let expected = (WRITERS * STEPS + WRITERS * STEPS.div_ceil(3)) as i64;
     assert_eq!(
         count(
-            &db,
+            db,
             &format!("SELECT COUNT(*) AS n FROM outbox WHERE aggregate_id LIKE '{like}'")
         )
         .await,
         expected
     );
-    assert_eq!(order_violations(&db, &like).await, Vec::<String>::new());
+    like
+}
+
+/// The same guarantee on MariaDB (MySQL's row lock on the aggregate's `outbox_lock` bucket).
+///
+/// MariaDB keeps no commit timestamps, so each writer takes a ticket as its transaction's last
+/// statement: a counter row whose lock it holds until commit, so the next writer gets the next
+/// ticket only after this one committed. Ticket order is commit order.
+mod mariadb {
+    use super::*;
+
+    async fn mariadb() -> DatabaseConnection {
+        let db = database(Backend::MariaDb).await;
+        db.execute_unprepared(
+            "CREATE TABLE commit_ticket (n BIGINT NOT NULL);
+             INSERT INTO commit_ticket VALUES (0);
+             CREATE TABLE tickets (id CHAR(36) PRIMARY KEY, ticket BIGINT NOT NULL);",
+        )
+        .await
+        .unwrap();
+        db
+    }
+
+    /// Takes the next commit ticket for the events `ids`: the transaction's last statement.
+    async fn take_ticket(txn: &impl ConnectionTrait, ids: &[Uuid]) {
+        txn.execute_unprepared("UPDATE commit_ticket SET n = LAST_INSERT_ID(n + 1)")
+            .await
+            .unwrap();
+        for id in ids {
+            txn.execute_raw(Statement::from_sql_and_values(
+                DbBackend::MySql,
+                "INSERT INTO tickets (id, ticket) VALUES (?, LAST_INSERT_ID())",
+                [id.to_string().into()],
+            ))
+            .await
+            .unwrap();
+        }
+    }
+
+    /// Every pair of events of one aggregate whose `seq` order differs from their commit order.
+    async fn order_violations(db: &DatabaseConnection, accounts_like: &str) -> Vec<String> {
+        let rows = db
+            .query_all_raw(Statement::from_sql_and_values(
+                DbBackend::MySql,
+                "SELECT o.aggregate_id, o.seq, t.ticket FROM outbox o JOIN tickets t ON t.id = o.id
+                 WHERE o.aggregate_id LIKE ? ORDER BY o.aggregate_id, o.seq",
+                [accounts_like.into()],
+            ))
+            .await
+            .unwrap();
+        let rows: Vec<(String, i64, i64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.try_get("", "aggregate_id").unwrap(),
+                    r.try_get("", "seq").unwrap(),
+                    r.try_get("", "ticket").unwrap(),
+                )
+            })
+            .collect();
+        rows.windows(2)
+            .filter(|w| w[0].0 == w[1].0 && w[0].2 > w[1].2)
+            .map(|w| format!("{}: seq {} committed after seq {}", w[0].0, w[0].1, w[1].1))
+            .collect()
+    }
+
+    /// The control: two writers with a bare INSERT, as a writer that bypasses `record` would do.
+    /// Writer 2 commits first with the later `seq`, and the check sees it.
+    #[tokio::test]
+    async fn without_the_lock_the_check_sees_the_violation() {
+        let db = mariadb().await;
+        let account = format!("acct-{}", Uuid::now_v7());
+        let bare_insert = |id: Uuid, writer: usize| {
+            format!(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
+                 VALUES ('{id}', 'account', '{account}', 'Deposited', '{{\"writer\": {writer}}}')"
+            )
+        };
+        let (one, two) = (Uuid::now_v7(), Uuid::now_v7());
+        let first = db.begin().await.unwrap();
+        first
+            .execute_unprepared(&bare_insert(one, 1))
+            .await
+            .unwrap();
+        let second = db.begin().await.unwrap();
+        second
+            .execute_unprepared(&bare_insert(two, 2))
+            .await
+            .unwrap();
+        take_ticket(&second, &[two]).await;
+        second.commit().await.unwrap();
+        take_ticket(&first, &[one]).await;
+        first.commit().await.unwrap();
+
+        assert_eq!(order_violations(&db, &account).await.len(), 1);
+    }
+
+    /// The PostgreSQL test's writers, each taking its ticket last (buckets are locked in one
+    /// canonical order, so none deadlocks).
+    #[tokio::test]
+    async fn many_concurrent_writers_keep_commit_order_per_aggregate() {
+        let db = mariadb().await;
+        let like = record_concurrently(&db, |txn, ids| {
+            Box::pin(async move { take_ticket(txn, &ids).await })
+        })
+        .await;
+        assert_eq!(order_violations(&db, &like).await, Vec::<String>::new());
+    }
 }

@@ -1,4 +1,5 @@
-//! The inbox on real PostgreSQL and SQLite: each event's effect applied exactly once per consumer.
+//! The inbox on real PostgreSQL, SQLite and MariaDB: each event's effect applied exactly once per
+//! consumer.
 
 use outbox_tests::{Backend, count, database};
 use seaorm_outbox::Uuid;
@@ -49,6 +50,8 @@ macro_rules! on_every_backend {
             async fn sqlite_file() { super::$scenario(with_effects(Backend::SqliteFile).await).await }
             #[tokio::test]
             async fn sqlite_memory() { super::$scenario(with_effects(Backend::SqliteMemory).await).await }
+            #[tokio::test]
+            async fn mariadb() { super::$scenario(with_effects(Backend::MariaDb).await).await }
         }
     )*};
 }
@@ -127,7 +130,15 @@ async fn each_consumer_applies_an_event_once(db: DatabaseConnection) {
 /// the first's record, then sees a duplicate.
 #[tokio::test]
 async fn concurrent_deliveries_of_one_event_apply_it_once() {
-    let db = with_effects(Backend::Postgres).await;
+    concurrent_deliveries(with_effects(Backend::Postgres).await).await;
+}
+
+#[tokio::test]
+async fn concurrent_deliveries_of_one_event_apply_it_once_on_mariadb() {
+    concurrent_deliveries(with_effects(Backend::MariaDb).await).await;
+}
+
+async fn concurrent_deliveries(db: DatabaseConnection) {
     let runs = Arc::new(AtomicUsize::new(0));
     for _ in 0..20 {
         let id = Uuid::now_v7();

@@ -1,5 +1,5 @@
-//! `record` and `record_all` on real PostgreSQL and SQLite (file and in-memory): atomic with the
-//! business change, stored exactly as declared.
+//! `record` and `record_all` on real PostgreSQL, SQLite (file and in-memory) and MariaDB: atomic
+//! with the business change, stored exactly as declared.
 
 use outbox_tests::{Backend, count, database};
 use seaorm_outbox::sea_orm::{
@@ -123,6 +123,8 @@ macro_rules! on_every_backend {
             async fn sqlite_file() { super::$scenario(database(Backend::SqliteFile).await).await }
             #[tokio::test]
             async fn sqlite_memory() { super::$scenario(database(Backend::SqliteMemory).await).await }
+            #[tokio::test]
+            async fn mariadb() { super::$scenario(database(Backend::MariaDb).await).await }
         }
     )*};
 }
@@ -468,4 +470,69 @@ fn registry_lists_every_derived_type_of_this_binary() {
         .unwrap();
     assert_eq!(created.rust_type, "record::OrderCreated");
     seaorm_outbox::check_registrations().expect("no event type registered twice");
+}
+
+/// On MariaDB the payload and the headers are stored as the text the application serialized (key
+/// order, escapes, non-ASCII): MySQL's JSON functions would rewrite them on the way in. And
+/// table-less recording, a PostgreSQL feature, is refused there with a clear error.
+#[tokio::test]
+async fn mariadb_keeps_the_payload_as_serialized() {
+    use seaorm_outbox::{Outbox, Recording};
+    let db = database(Backend::MariaDb).await;
+    let txn = db.begin().await.unwrap();
+    let event = NewEvent::from_event(&OrderShipped {
+        order_id: 7,
+        carrier: "Société \"Générale\" \u{1F69A}".into(),
+    })
+    .unwrap()
+    .with_header("z-last", "1")
+    .with_header("a-first", "\u{1F69A}");
+    let serialized = serde_json::to_string(&event.payload).unwrap();
+    seaorm_outbox::record_new_events(&txn, vec![event])
+        .await
+        .unwrap();
+    let refused = Outbox::default()
+        .with_recording(Recording::LogicalMessage)
+        .record(&txn, &order_created())
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("MySql"),
+        "a clear refusal: {refused}"
+    );
+    // An aggregate id longer than its column is refused, not cut short.
+    let mut too_long = NewEvent::from_event(&order_created()).unwrap();
+    too_long.aggregate_id = "o".repeat(256);
+    let long = seaorm_outbox::record_new_events(&txn, vec![too_long])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            long,
+            Error::TooLong {
+                column: "aggregate_id",
+                chars: 256,
+                limit: 255,
+                ..
+            }
+        ),
+        "{long}"
+    );
+    txn.commit().await.unwrap();
+    let row = db
+        .query_one_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT payload, headers FROM outbox",
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    let payload: String = row.try_get("", "payload").unwrap();
+    assert_eq!(payload, serialized);
+    assert!(payload.contains(r#"Société \"Générale\" 🚚"#), "{payload}");
+    let headers: String = row.try_get("", "headers").unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&headers).unwrap(),
+        json!({"z-last": "1", "a-first": "🚚"})
+    );
 }
