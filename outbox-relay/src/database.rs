@@ -11,15 +11,20 @@ use std::time::Duration;
 pub(crate) enum Backend {
     Postgres,
     Sqlite,
+    /// MySQL 8.0.16+ or MariaDB 10.6+.
+    MySql,
 }
 
 impl Backend {
-    /// The backend `url` names (`postgres://`, `postgresql://` or `sqlite:`), `None` for another.
+    /// The backend `url` names (`postgres://`, `postgresql://`, `sqlite:` or `mysql://`), `None`
+    /// for another.
     pub fn parse(url: &str) -> Option<Backend> {
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Some(Backend::Postgres)
         } else if url.starts_with("sqlite:") {
             Some(Backend::Sqlite)
+        } else if url.starts_with("mysql://") {
+            Some(Backend::MySql)
         } else {
             None
         }
@@ -233,7 +238,8 @@ mod tests {
             Backend::parse("sqlite:shop.db?mode=rwc"),
             Some(Backend::Sqlite)
         );
-        assert_eq!(Backend::parse("mysql://db/shop"), None);
-        assert_eq!(Backend::of("mysql://db/shop"), Backend::Postgres);
+        assert_eq!(Backend::parse("mysql://db/shop"), Some(Backend::MySql));
+        assert_eq!(Backend::parse("oracle://db/shop"), None);
+        assert_eq!(Backend::of("oracle://db/shop"), Backend::Postgres);
     }
 }

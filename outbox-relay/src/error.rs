@@ -19,8 +19,9 @@ pub enum SourceError {
     /// cannot serve the source): it does not start.
     #[error("{0}")]
     Refused(String),
-    /// Another relay reads the WAL source's replication slot: this one waits as its standby.
-    #[error("another relay reads replication slot {0}")]
+    /// Another relay publishes what this one would (it reads the WAL source's replication slot,
+    /// or holds a MySQL database's relay lock): this one waits as its standby.
+    #[error("another relay publishes {0}")]
     Standby(String),
     /// The replication stream failed or ended: the relay reconnects and resumes from the slot's
     /// confirmed position.

@@ -73,12 +73,36 @@ impl Selection {
     }
 }
 
-/// The statements here are written once: parameters as `?N` (PostgreSQL wants `$N`) and the
-/// current time as `{now}` (SQLite keeps timestamps as ISO-8601 text).
-fn dialect(table: &OutboxTable, sql: &str) -> String {
+/// The statements here are written once: parameters as `?N` (PostgreSQL wants `$N`; MySQL
+/// numbers none), the current time as `{now}` (SQLite keeps timestamps as ISO-8601 text), text
+/// casts as `AS TEXT` (MySQL's is `AS CHAR`). Returns the statement, and the parameters' indexes
+/// in the order MySQL binds them (`None`: bind them as given).
+fn dialect(table: &OutboxTable, sql: &str) -> (String, Option<Vec<usize>>) {
     match table {
-        OutboxTable::Postgres(_) => sql.replace('?', "$").replace("{now}", "now()"),
-        OutboxTable::Sqlite(_) => sql.replace("{now}", "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"),
+        OutboxTable::Postgres(_) => (sql.replace('?', "$").replace("{now}", "now()"), None),
+        OutboxTable::Sqlite(_) => (
+            sql.replace("{now}", "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"),
+            None,
+        ),
+        OutboxTable::MySql(_) => {
+            let sql = sql
+                .replace("{now}", "UTC_TIMESTAMP(6)")
+                .replace(" AS TEXT)", " AS CHAR)");
+            let (mut positional, mut order) = (String::with_capacity(sql.len()), Vec::new());
+            let mut chars = sql.chars().peekable();
+            while let Some(c) = chars.next() {
+                positional.push(c);
+                if c == '?' {
+                    let mut n = 0usize;
+                    while let Some(digit) = chars.peek().and_then(|d| d.to_digit(10)) {
+                        n = n * 10 + digit as usize;
+                        chars.next();
+                    }
+                    order.push(n.saturating_sub(1));
+                }
+            }
+            (positional, Some(order))
+        }
     }
 }
 
@@ -100,11 +124,13 @@ pub async fn list(database_url: &str) -> Result<Vec<ParkedEvent>, sqlx::Error> {
                    AND {waiting} AND w.seq > o.seq) AS waiting
          FROM outbox o WHERE o.parked_at IS NOT NULL AND o.published_at IS NULL ORDER BY o.seq"
     );
+    let (sql, _) = dialect(&table, &sql);
     // Audited: built from this module's fragments, no value in it.
     let sql = sqlx::AssertSqlSafe(sql);
     match &mut table {
         OutboxTable::Postgres(conn) => sqlx::query_as(sql).fetch_all(conn).await,
         OutboxTable::Sqlite(conn) => sqlx::query_as(sql).fetch_all(conn).await,
+        OutboxTable::MySql(conn) => sqlx::query_as(sql).fetch_all(conn).await,
     }
 }
 
@@ -168,7 +194,7 @@ async fn execute(
 ) -> Result<u64, sqlx::Error> {
     let mut table = OutboxTable::connect(database_url).await?;
     let wal = read_by_wal(&mut table).await?;
-    let sql = dialect(&table, &sql(wal));
+    let (sql, order) = dialect(&table, &sql(wal));
     // Audited: the statement is built from this module's fragments; every value is a parameter.
     let rows = match &mut table {
         OutboxTable::Postgres(conn) if wal => {
@@ -202,6 +228,17 @@ async fn execute(
         OutboxTable::Sqlite(conn) => {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
             for p in &params {
+                query = query.bind(p);
+            }
+            query.execute(conn).await?.rows_affected()
+        }
+        OutboxTable::MySql(conn) => {
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
+            for p in order
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|&i| params.get(i))
+            {
                 query = query.bind(p);
             }
             query.execute(conn).await?.rows_affected()

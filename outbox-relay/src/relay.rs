@@ -157,9 +157,11 @@ impl Relay {
                     outcome = Err(e);
                     break;
                 }
-                Err(SourceError::Standby(slot)) => {
+                Err(SourceError::Standby(what)) => {
                     if !standby {
-                        tracing::info!(%slot, "standby: another relay reads the slot; taking over when it stops");
+                        tracing::info!(
+                            "standby: another relay publishes {what}; taking over when it stops"
+                        );
                     }
                     standby = true;
                     source::wal::STANDBY_POLL

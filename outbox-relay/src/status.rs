@@ -88,7 +88,7 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
     let (backlog, parked, oldest_seconds) = table.backlog().await?;
     let wal_slots = match table {
         OutboxTable::Postgres(conn) => crate::source::wal::slot::all_status(conn).await?,
-        OutboxTable::Sqlite(_) => Vec::new(),
+        OutboxTable::Sqlite(_) | OutboxTable::MySql(_) => Vec::new(),
     };
     Ok(Status {
         wal_slots,

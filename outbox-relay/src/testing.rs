@@ -185,5 +185,6 @@ async fn publishable(table: &mut OutboxTable) -> Result<i64, sqlx::Error> {
     match table {
         OutboxTable::Postgres(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
         OutboxTable::Sqlite(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
+        OutboxTable::MySql(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
     }
 }

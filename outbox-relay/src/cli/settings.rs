@@ -277,16 +277,10 @@ impl Settings {
                 sqlx::postgres::PgConnectOptions::from_str(&url).map(drop)
             }
             Some(Backend::Sqlite) => sqlx::sqlite::SqliteConnectOptions::from_str(url).map(drop),
-            None if url.starts_with("mysql:") || url.starts_with("mariadb:") => {
-                return Err(UsageError(format!(
-                    "database URL {}: the relay does not read MySQL or MariaDB yet (recording, \
-                     the inbox and the test kit do); use PostgreSQL or SQLite",
-                    crate::redact_url(url)
-                )));
-            }
+            Some(Backend::MySql) => sqlx::mysql::MySqlConnectOptions::from_str(url).map(drop),
             None => {
                 return Err(UsageError(format!(
-                    "database URL {} must start with postgres://, postgresql:// or sqlite:",
+                    "database URL {} must start with postgres://, postgresql://, sqlite: or mysql://",
                     crate::redact_url(url)
                 )));
             }

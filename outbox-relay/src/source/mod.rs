@@ -118,7 +118,7 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
     let url = &config.database_url;
     let backend = Backend::of(url);
     match &config.source {
-        config::Source::Table if backend == Backend::Sqlite => Ok(()),
+        config::Source::Table if backend != Backend::Postgres => Ok(()),
         config::Source::Table => {
             let mut table = OutboxTable::connect(url).await?;
             let conn = table.postgres().expect("a PostgreSQL URL");
@@ -145,8 +145,10 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
             }
             Ok(())
         }
-        config::Source::Wal(_) if backend == Backend::Sqlite => Err(SourceError::Refused(
-            "the WAL source needs PostgreSQL; SQLite has no logical replication".into(),
+        config::Source::Wal(_) if backend != Backend::Postgres => Err(SourceError::Refused(
+            "the WAL source needs PostgreSQL's logical replication; on SQLite and MySQL, poll the \
+             table (--source table)"
+                .into(),
         )),
         config::Source::Wal(source) => wal::check(url, source).await,
     }

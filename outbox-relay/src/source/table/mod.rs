@@ -1,15 +1,18 @@
-//! The table source: the relay's reads and writes of the `outbox` table, on PostgreSQL and
-//! SQLite (their SQL in `postgres.rs` and `sqlite.rs`), and what serves them: the shard leases
-//! among replicas (`leases.rs`), the wake-up on new rows (`wakeup.rs`), pruning (`prune.rs`).
+//! The table source: the relay's reads and writes of the `outbox` table, on PostgreSQL, SQLite
+//! and MySQL/MariaDB (their SQL in `postgres.rs`, `sqlite.rs` and `mysql.rs`), and what serves
+//! them: the shard leases among replicas (`leases.rs`), the wake-up on new rows (`wakeup.rs`),
+//! pruning (`prune.rs`).
 //!
 //! On both databases a claim is a plain read, and the outcome is written in one short transaction
 //! after the broker answered: no relay transaction stays open while a broker is slow or away,
 //! so the relay never pins PostgreSQL's xmin horizon (vacuum keeps cleaning the application's
 //! tables). No row lock is needed: on PostgreSQL the replica's shard leases make it the only
-//! publisher of its rows (`leases.rs`), and SQLite allows one relay per database.
+//! publisher of its rows (`leases.rs`), SQLite allows one relay per database, and on MySQL one
+//! relay holds the database's relay lock while the others wait (`mysql.rs`).
 
 pub(crate) mod backlog;
 pub(crate) mod leases;
+mod mysql;
 mod postgres;
 pub(crate) mod prune;
 mod read;
@@ -26,6 +29,7 @@ use crate::tasks::BackgroundTasks;
 use futures::future::BoxFuture;
 use leases::Leases;
 use sqlx::Connection;
+use sqlx::mysql::MySqlConnection;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
 use std::sync::Arc;
@@ -56,6 +60,16 @@ impl TableSource {
             Some(conn) => Some(Leases::join(conn, config.lease_refresh).await?),
             None => None,
         };
+        if let OutboxTable::MySql(conn) = &mut table {
+            let taken: Option<i64> = sqlx::query_scalar(mysql::TAKE_RELAY_LOCK)
+                .fetch_one(&mut *conn)
+                .await?;
+            if taken != Some(1) {
+                return Err(SourceError::Standby(
+                    "the outbox of this MySQL database".into(),
+                ));
+            }
+        }
         let wakeups = match config.wakeup {
             Wakeup::Notify => Some(wakeup::listen(&config.database_url, tasks).await?),
             Wakeup::Poll => None,
@@ -129,19 +143,38 @@ impl Source for TableSource {
     }
 }
 
-/// One database connection of the relay. On PostgreSQL it also holds the shard leases, so losing
-/// it loses the leases and the open claim together.
+/// One database connection of the relay. On PostgreSQL it also holds the shard leases, and on
+/// MySQL the relay lock, so losing it loses them and the open claim together.
 pub(crate) enum OutboxTable {
     Postgres(PgConnection),
     Sqlite(SqliteConnection),
+    MySql(MySqlConnection),
 }
 
 impl OutboxTable {
-    /// Opens the relay's connection to `url` (`postgres://…` or `sqlite:…`), failing after the
-    /// URL's `connect_timeout` (see [`connect_timeout`]).
+    /// Opens the relay's connection to `url` (`postgres://…`, `sqlite:…` or `mysql://…`),
+    /// failing after the URL's `connect_timeout` (see [`connect_timeout`]).
     pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
         match Backend::of(url) {
             Backend::Sqlite => Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?)),
+            Backend::MySql => {
+                let (url, timeout) = crate::database::connect_timeout(url);
+                let connect = async {
+                    let mut conn = MySqlConnection::connect(&url).await?;
+                    sqlx::raw_sql(mysql::MYSQL_SESSION)
+                        .execute(&mut conn)
+                        .await?;
+                    Ok(OutboxTable::MySql(conn))
+                };
+                tokio::time::timeout(timeout, connect)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(sqlx::Error::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no connection to MySQL within {timeout:?}"),
+                        )))
+                    })
+            }
             Backend::Postgres => {
                 let mut conn = connect_postgres(url).await?;
                 sqlx::raw_sql(postgres::PG_SESSION)
@@ -196,6 +229,22 @@ impl OutboxTable {
                 .await?;
                 Ok(Claim { rows, full })
             }
+            OutboxTable::MySql(conn) => {
+                let (rows, full) = read::read_rows(
+                    sqlx::query(mysql::MYSQL_CLAIM)
+                        .bind(serde_json::to_string(in_flight).unwrap_or_default())
+                        .bind(hold_parked)
+                        .bind(rows)
+                        .bind(payload_bytes)
+                        .bind(payload_bytes)
+                        .bind(payload_bytes)
+                        .bind(batch_bytes)
+                        .fetch(&mut *conn),
+                    limits,
+                )
+                .await?;
+                Ok(Claim { rows, full })
+            }
         }
     }
 
@@ -225,6 +274,16 @@ impl OutboxTable {
                     .await?
                     .rows_affected()
             }
+            OutboxTable::MySql(conn) => {
+                let micros = i64::try_from(age.as_micros()).unwrap_or(i64::MAX);
+                let query = sqlx::query(mysql::PRUNE_PUBLISHED);
+                query
+                    .bind(micros)
+                    .bind(limit)
+                    .execute(conn)
+                    .await?
+                    .rows_affected()
+            }
         };
         Ok(done)
     }
@@ -245,6 +304,7 @@ impl OutboxTable {
         match self {
             OutboxTable::Postgres(conn) => sqlx::query_as(postgres::BACKLOG).fetch_one(conn).await,
             OutboxTable::Sqlite(conn) => sqlx::query_as(sqlite::BACKLOG).fetch_one(conn).await,
+            OutboxTable::MySql(conn) => sqlx::query_as(mysql::BACKLOG).fetch_one(conn).await,
         }
     }
 
@@ -253,14 +313,15 @@ impl OutboxTable {
         match self {
             OutboxTable::Postgres(conn) => conn.ping().await,
             OutboxTable::Sqlite(conn) => conn.ping().await,
+            OutboxTable::MySql(conn) => conn.ping().await,
         }
     }
 
-    /// The PostgreSQL connection, for the shard leases; `None` on SQLite.
+    /// The PostgreSQL connection, for the shard leases; `None` on SQLite and MySQL.
     pub fn postgres(&mut self) -> Option<&mut PgConnection> {
         match self {
             OutboxTable::Postgres(conn) => Some(conn),
-            OutboxTable::Sqlite(_) => None,
+            OutboxTable::Sqlite(_) | OutboxTable::MySql(_) => None,
         }
     }
 }
@@ -332,6 +393,11 @@ impl OutboxTable {
             OutboxTable::Sqlite(conn) => {
                 let mut tx = conn.begin().await?;
                 sqlite::settle(&mut tx, outcome, mode).await?;
+                tx.commit().await
+            }
+            OutboxTable::MySql(conn) => {
+                let mut tx = conn.begin().await?;
+                mysql::settle(&mut tx, outcome, mode).await?;
                 tx.commit().await
             }
         }

@@ -136,7 +136,7 @@ impl WalStream {
         let mut db = connect(url).await?;
         crate::database::limit_statements(&mut db, config.statement_timeout).await?;
         slot::prepare(&mut db, source).await?;
-        let standby = || SourceError::Standby(source.slot.clone());
+        let standby = || SourceError::Standby(format!("from replication slot {}", source.slot));
         if slot::status(&mut db, &source.slot)
             .await?
             .is_some_and(|s| s.active)

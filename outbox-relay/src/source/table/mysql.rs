@@ -1,0 +1,126 @@
+//! The table source's SQL on MySQL and MariaDB: the session, the one-relay lock, the claim and
+//! the settle. Written in the SQL both accept (MySQL 8.0.16+, MariaDB 10.6+; the tests run on
+//! MariaDB 10.11).
+//!
+//! One relay publishes a MySQL database's outbox at a time, for now: it holds a named lock on its
+//! connection (`GET_LOCK`, which belongs to the session, as the relay needs), and other replicas
+//! wait as standbys, taking over when its session ends. Sharing the work among replicas through
+//! shard leases, as on PostgreSQL, is the next step.
+
+use super::Mode;
+use crate::batch::Outcome;
+use sqlx::mysql::MySqlConnection;
+
+/// Set on the relay's MySQL sessions: UTC for the times it writes and compares (the schema keeps
+/// UTC `DATETIME(6)`), and READ COMMITTED, so the settle's and the pruning's writes lock the rows
+/// they change and no gaps between them.
+pub(super) const MYSQL_SESSION: &str =
+    "SET time_zone = '+00:00'; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
+
+/// The lock of the relay that publishes this database's outbox (at most 64 characters, MySQL's
+/// limit for a lock name); 1 when taken, 0 when another session holds it.
+pub(super) const TAKE_RELAY_LOCK: &str =
+    "SELECT GET_LOCK(LEFT(CONCAT('outbox-relay:', DATABASE()), 64), 0)";
+
+/// The claim on MySQL, as [`PG_CLAIM`](super::PG_CLAIM): the seqs in flight (a JSON array), hold
+/// parked, rows, payload bytes (three times), batch bytes, bound in that order (MySQL numbers no
+/// parameters). No row lock: the relay lock makes this relay the only publisher. Each blocking
+/// rule is a lookup of the candidate's aggregate in an index made for it (`outbox_parked`,
+/// `outbox_retrying`), so the claim's cost follows the batch, not the table.
+pub(super) const MYSQL_CLAIM: &str = "
+WITH claimed AS (
+    SELECT o.seq, LENGTH(o.payload) AS payload_bytes, COALESCE(LENGTH(o.headers), 0) AS header_bytes
+    FROM outbox o
+    WHERE o.published_at IS NULL AND o.parked_at IS NULL
+      AND o.seq NOT IN (SELECT f.seq FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS f)
+      AND NOT EXISTS (SELECT 1 FROM outbox p
+                      WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
+                        AND p.retry_at > UTC_TIMESTAMP(6) AND p.published_at IS NULL)
+      AND NOT (? AND EXISTS (SELECT 1 FROM outbox p
+                             WHERE p.aggregate_type = o.aggregate_type
+                               AND p.aggregate_id = o.aggregate_id
+                               AND p.parked_at IS NOT NULL AND p.published_at IS NULL))
+    ORDER BY o.seq
+    LIMIT ?
+), sized AS (
+    SELECT c.*, SUM(CASE WHEN c.payload_bytes <= ? THEN c.payload_bytes ELSE 0 END + c.header_bytes)
+                    OVER (ORDER BY c.seq) AS running_bytes,
+           ROW_NUMBER() OVER (ORDER BY c.seq) AS position,
+           COUNT(*) OVER () AS candidates
+    FROM claimed c
+)
+SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version, o.topic,
+       CASE WHEN s.payload_bytes <= ? THEN o.payload END AS payload,
+       CAST(s.payload_bytes AS SIGNED) AS payload_bytes, o.headers, o.attempts,
+       CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at) DIV 1000 AS SIGNED)
+           AS created_ms,
+       CASE WHEN s.payload_bytes <= ? THEN JSON_VALID(o.payload) ELSE 1 END <> 0 AS payload_valid,
+       CAST(s.candidates AS SIGNED) AS candidates
+FROM sized s JOIN outbox o ON o.seq = s.seq
+WHERE s.running_bytes <= ? OR s.position = 1
+ORDER BY s.seq";
+
+/// Writes a batch's outcome (in the caller's transaction): the published rows in one statement,
+/// by `seq` (the primary key).
+pub(super) async fn settle(
+    tx: &mut MySqlConnection,
+    outcome: &Outcome,
+    mode: Mode,
+) -> Result<(), sqlx::Error> {
+    if !outcome.published.is_empty() {
+        let seqs: Vec<i64> = outcome.published.iter().map(|key| key.seq).collect();
+        let sql = match mode {
+            // Clearing `retry_at` keeps published rows out of `outbox_retrying`'s lookups.
+            Mode::Mark => {
+                "UPDATE outbox o JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS p
+                     ON o.seq = p.seq
+                 SET o.published_at = UTC_TIMESTAMP(6), o.retry_at = NULL"
+            }
+            Mode::Delete => {
+                "DELETE o FROM outbox o JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS p
+                     ON o.seq = p.seq"
+            }
+        };
+        sqlx::query(sql)
+            .bind(serde_json::to_string(&seqs).expect("integers serialize"))
+            .execute(&mut *tx)
+            .await?;
+    }
+    for (key, error, retry_in) in &outcome.failed {
+        sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?,
+                               retry_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
+             WHERE seq = ?",
+        )
+        .bind(error)
+        .bind(i64::try_from(retry_in.as_micros()).unwrap_or(i64::MAX))
+        .bind(key.seq)
+        .execute(&mut *tx)
+        .await?;
+    }
+    for (key, reason) in &outcome.parked {
+        sqlx::query(
+            "UPDATE outbox SET attempts = attempts + 1, last_error = ?, parked_at = UTC_TIMESTAMP(6)
+             WHERE seq = ?",
+        )
+        .bind(reason)
+        .bind(key.seq)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Deletes up to `?2` published rows older than `?1` microseconds, oldest first, through
+/// `outbox_unpublished`'s other end.
+pub(super) const PRUNE_PUBLISHED: &str = "
+DELETE FROM outbox WHERE published_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
+ORDER BY published_at LIMIT ?";
+
+/// The backlog, the parked events, and the age in seconds of the oldest unpublished one.
+pub(super) const BACKLOG: &str = "
+SELECT CAST(COALESCE(SUM(parked_at IS NULL), 0) AS SIGNED),
+       CAST(COALESCE(SUM(parked_at IS NOT NULL), 0) AS SIGNED),
+       TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN parked_at IS NULL THEN created_at END),
+                     UTC_TIMESTAMP(6)) * 1e-6
+FROM outbox WHERE published_at IS NULL";

@@ -1,0 +1,307 @@
+//! The relay on MySQL's family, on a real MariaDB (`scripts/services start mariadb`) and Kafka:
+//! `migrate`, the message contract (key, headers, the payload byte for byte), poison rows parked
+//! with their aggregate held while others flow, `failed` and `status`, a standby taking over
+//! from a killed relay, and a relay killed again and again during a drain: nothing lost, each
+//! aggregate's first deliveries in order.
+
+mod common;
+
+use common::kafka::{Received, consume};
+use common::{KillOnDrop, relay_command, signal, terminate};
+use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
+use seaorm_outbox::{NewEvent, OutboxEvent, Uuid};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "meter", key = "meter")]
+struct Reading {
+    meter: String,
+    n: u64,
+}
+
+/// A MariaDB database of its own, migrated by `outbox-relay migrate`, and topics of its own.
+struct MariaDb {
+    url: String,
+    db: DatabaseConnection,
+    prefix: String,
+}
+
+impl MariaDb {
+    async fn new() -> MariaDb {
+        let url = outbox_tests::mariadb_database_url().await;
+        let migrated = relay_command()
+            .args(["migrate", "--database-url", &url])
+            .output()
+            .unwrap();
+        assert!(migrated.status.success(), "{migrated:?}");
+        let stdout = String::from_utf8_lossy(&migrated.stdout);
+        assert!(
+            stdout.contains("outbox schema is up to date") && !stdout.contains("mariapw-"),
+            "the password stays out of the output: {stdout}"
+        );
+        MariaDb {
+            db: Database::connect(&url).await.unwrap(),
+            url,
+            prefix: format!("t{}", Uuid::now_v7().simple()),
+        }
+    }
+
+    fn topic(&self) -> String {
+        format!("{}.meter", self.prefix)
+    }
+
+    /// Starts the relay binary on this database, publishing to Kafka.
+    fn spawn_relay(&self, extra: &[&str]) -> KillOnDrop {
+        KillOnDrop::spawn_logged(
+            relay_command()
+                .args(["run", "--database-url", &self.url])
+                .args(["--kafka-brokers", &common::kafka::brokers()])
+                .args([
+                    "--topic-template",
+                    &format!("{}.{{aggregate_type}}", self.prefix),
+                ])
+                .args(["--poll-interval", "20ms", "--http-addr", "off"])
+                .args(extra),
+        )
+    }
+
+    async fn scalar(&self, sql: &str) -> i64 {
+        let row = self
+            .db
+            .query_one_raw(seaorm_outbox::sea_orm::Statement::from_string(
+                self.db.get_database_backend(),
+                sql,
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<i64>(0).unwrap()
+    }
+
+    async fn wait_until_zero(&self, sql: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = self.scalar(sql).await;
+            if left == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still {left} after {timeout:?}: {sql}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until every unpublished row is parked or behind a parked one of its aggregate.
+    async fn wait_until_drained(&self, timeout: Duration) {
+        self.wait_until_zero(
+            "SELECT COUNT(*) FROM outbox o WHERE o.published_at IS NULL AND o.parked_at IS NULL
+               AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.aggregate_type = o.aggregate_type
+                   AND p.aggregate_id = o.aggregate_id AND p.parked_at IS NOT NULL
+                   AND p.published_at IS NULL)",
+            timeout,
+        )
+        .await;
+    }
+
+    /// Records readings `range` of `meters` meters, one transaction each.
+    async fn record(&self, range: std::ops::Range<u64>, meters: u64) {
+        for n in range {
+            let txn = self.db.begin().await.unwrap();
+            Reading {
+                meter: format!("m-{}", n % meters),
+                n,
+            }
+            .record(&txn)
+            .await
+            .unwrap();
+            txn.commit().await.unwrap();
+        }
+    }
+
+    /// Inserts readings `0..total` of `meters` meters in one statement, in `seq` order: a backlog.
+    async fn backlog(&self, total: u64, meters: u64) {
+        self.db
+            .execute_unprepared(&format!(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+                 WITH d(n) AS (SELECT 0 UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3
+                               UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6
+                               UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9),
+                      r(n) AS (SELECT a.n + 10 * b.n + 100 * c.n + 1000 * e.n + 10000 * f.n
+                               FROM d a, d b, d c, d e, d f)
+                 SELECT UUID(), 'meter', CONCAT('m-', n % {meters}), 'Reading',
+                        CONCAT('{{\"meter\":\"m-', n % {meters}, '\",\"n\":', n, '}}')
+                 FROM r WHERE n < {total} ORDER BY n"
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// Runs `outbox-relay <args> --database-url URL`, which must succeed; its stdout.
+    fn command(&self, args: &[&str]) -> String {
+        let output = relay_command()
+            .args(args)
+            .args(["--database-url", &self.url])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+}
+
+fn readings_of(received: &[Received], meter: &str) -> Vec<u64> {
+    received
+        .iter()
+        .filter(|m| m.key == meter)
+        .map(|m| m.json()["n"].as_u64().unwrap())
+        .collect()
+}
+
+/// Every reading 0..total arrived, each meter's first deliveries in order.
+fn assert_complete_and_ordered(received: &[Received], total: u64, meters: u64) -> usize {
+    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for n in 0..total {
+        expected
+            .entry(format!("m-{}", n % meters))
+            .or_default()
+            .push(n);
+    }
+    common::assert_complete_and_ordered(
+        received
+            .iter()
+            .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap())),
+        &expected,
+    )
+}
+
+#[tokio::test]
+async fn events_recorded_on_mariadb_are_published_under_the_contract() {
+    let m = MariaDb::new().await;
+    let txn = m.db.begin().await.unwrap();
+    let event = NewEvent::from_event(&Reading {
+        meter: "m-7".into(),
+        n: 1,
+    })
+    .unwrap()
+    .with_header("tenant", "acme");
+    let payload = serde_json::to_string(&event.payload).unwrap();
+    let id = seaorm_outbox::record_new_events(&txn, vec![event])
+        .await
+        .unwrap()[0];
+    txn.commit().await.unwrap();
+
+    let mut relay = m.spawn_relay(&[]);
+    let received = consume(&[&m.topic()], 1, Duration::from_secs(60)).await;
+    let message = &received[0];
+    assert_eq!(message.key, "m-7");
+    assert_eq!(String::from_utf8_lossy(&message.payload), payload);
+    assert_eq!(message.header("id"), Some(id.to_string().as_str()));
+    assert_eq!(message.header("event_type"), Some("Reading"));
+    assert_eq!(message.header("aggregate_type"), Some("meter"));
+    assert_eq!(message.header("tenant"), Some("acme"));
+    m.wait_until_zero(
+        "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL",
+        Duration::from_secs(30),
+    )
+    .await;
+    let status = m.command(&["status"]);
+    assert!(status.contains("0 events"), "{status}");
+    assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+}
+
+#[tokio::test]
+async fn a_poison_row_is_parked_and_holds_its_aggregate_while_others_flow() {
+    let m = MariaDb::new().await;
+    let insert = |meter: &str, n: u64, headers: &str| {
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers)
+             VALUES (UUID(), 'meter', '{meter}', 'Reading', '{{\"meter\": \"{meter}\", \"n\": {n}}}', {headers})"
+        )
+    };
+    for sql in [
+        insert("p", 1, "'[1]'"),
+        insert("p", 2, "NULL"),
+        insert("m-0", 0, "NULL"),
+    ] {
+        m.db.execute_unprepared(&sql).await.unwrap();
+    }
+    let mut relay = m.spawn_relay(&[]);
+    let received = consume(&[&m.topic()], 1, Duration::from_secs(60)).await;
+    assert_eq!(readings_of(&received, "m-0"), [0]);
+    assert!(readings_of(&received, "p").is_empty(), "{received:?}");
+    m.wait_until_drained(Duration::from_secs(30)).await;
+    let list = m.command(&["failed", "list"]);
+    assert!(
+        list.contains("meter:p ") && list.contains("headers must be a JSON object"),
+        "{list}"
+    );
+
+    m.command(&[
+        "failed",
+        "skip",
+        "--aggregate",
+        "meter:p",
+        "--reason",
+        "test",
+    ]);
+    let received = consume(&[&m.topic()], 2, Duration::from_secs(60)).await;
+    assert_eq!(readings_of(&received, "p"), [2]);
+    assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+}
+
+/// One relay publishes a MySQL database at a time: with two running while events are recorded,
+/// none is sent twice; the second waits, and takes over within about a second once the first is
+/// killed.
+#[tokio::test]
+async fn one_relay_publishes_at_a_time_and_a_standby_takes_over_when_it_is_killed() {
+    let m = MariaDb::new().await;
+    let mut first = m.spawn_relay(&[]);
+    m.record(0..10, 10).await;
+    m.wait_until_drained(Duration::from_secs(30)).await;
+    let mut standby = m.spawn_relay(&[]);
+    m.record(10..1_000, 10).await;
+    m.wait_until_drained(Duration::from_secs(30)).await;
+    let received = consume(&[&m.topic()], 1_000, Duration::from_secs(60)).await;
+    assert_eq!(
+        assert_complete_and_ordered(&received, 1_000, 10),
+        0,
+        "only one relay published"
+    );
+
+    signal(&first, "KILL");
+    let _ = first.wait();
+    let killed = Instant::now();
+    m.record(1_000..1_100, 10).await;
+    m.wait_until_drained(Duration::from_secs(30)).await;
+    eprintln!(
+        "the standby published again {:?} after the kill",
+        killed.elapsed()
+    );
+    let received = consume(&[&m.topic()], 1_100, Duration::from_secs(60)).await;
+    assert_complete_and_ordered(&received, 1_100, 10);
+    assert_eq!(terminate(&mut standby), Some(0), "{}", standby.log());
+}
+
+/// The relay killed ten times while it drains 50,000 readings of 20 meters: every reading
+/// arrives, each meter's first deliveries in recording order.
+#[tokio::test]
+async fn the_relay_killed_ten_times_during_a_50k_drain_loses_nothing() {
+    const TOTAL: u64 = 50_000;
+    let m = MariaDb::new().await;
+    m.backlog(TOTAL, 20).await;
+    for round in 0..10 {
+        let mut relay = m.spawn_relay(&[]);
+        tokio::time::sleep(Duration::from_millis(300 + 70 * round)).await;
+        signal(&relay, "KILL");
+        let _ = relay.wait();
+    }
+    let mut relay = m.spawn_relay(&[]);
+    m.wait_until_drained(Duration::from_secs(120)).await;
+    let received = consume(&[&m.topic()], TOTAL as usize, Duration::from_secs(120)).await;
+    let duplicates = assert_complete_and_ordered(&received, TOTAL, 20);
+    eprintln!("{TOTAL} readings, {duplicates} duplicates");
+    assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+}
