@@ -68,6 +68,9 @@ pub use relay::Relay;
 pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};
 pub use source::table::prune::prune;
 pub use source::table::wakeup;
-pub use source::table::{PG_CLAIM as POSTGRES_CLAIM_SQL, PG_SESSION as POSTGRES_SESSION_SQL};
+pub use source::table::{
+    MYSQL_CLAIM as MYSQL_CLAIM_SQL, PG_CLAIM as POSTGRES_CLAIM_SQL,
+    PG_SESSION as POSTGRES_SESSION_SQL,
+};
 pub use source::wal;
 pub use status::{Status, status};

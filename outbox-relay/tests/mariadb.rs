@@ -285,6 +285,73 @@ async fn one_relay_publishes_at_a_time_and_a_standby_takes_over_when_it_is_kille
     assert_eq!(terminate(&mut standby), Some(0), "{}", standby.log());
 }
 
+/// The claim's plan after a large published history and with a backlog: the oldest unpublished
+/// rows come from `outbox_unpublished` in `seq` order, the blocked aggregates from the ranges of
+/// `outbox_retrying` and `outbox_parked`; no step reads the whole table.
+#[tokio::test]
+async fn the_claim_reads_indexes_not_the_table() {
+    let m = MariaDb::new().await;
+    m.backlog(60_000, 1_000).await;
+    m.db.execute_unprepared(
+        "UPDATE outbox SET published_at = UTC_TIMESTAMP(6) WHERE seq <= 55000;
+         UPDATE outbox SET parked_at = UTC_TIMESTAMP(6) WHERE seq = 55001;
+         ANALYZE TABLE outbox;",
+    )
+    .await
+    .unwrap();
+    let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&m.url)
+        .await
+        .unwrap();
+    let explain = format!("EXPLAIN {}", seaorm_outbox_relay::MYSQL_CLAIM_SQL);
+    let plan: Vec<(Option<String>, Option<String>, Option<String>)> =
+        sqlx::query(sqlx::AssertSqlSafe(explain.as_str()))
+            .bind(true)
+            .bind("[]")
+            .bind(500_i64)
+            .bind(1_000_000_i64)
+            .bind(1_000_000_i64)
+            .bind(1_000_000_i64)
+            .bind(4_000_000_i64)
+            .fetch_all(&mut conn)
+            .await
+            .map(|rows: Vec<sqlx::mysql::MySqlRow>| {
+                use sqlx::Row;
+                rows.iter()
+                    .map(|r| (r.get("table"), r.get("type"), r.get("key")))
+                    .collect()
+            })
+            .unwrap();
+    let step = |table: &str| -> Vec<(Option<String>, Option<String>)> {
+        plan.iter()
+            .filter(|(t, _, _)| t.as_deref() == Some(table))
+            .map(|(_, kind, key)| (kind.clone(), key.clone()))
+            .collect()
+    };
+    // The claim's read of `o` (the other reads the claimed rows by primary key).
+    assert!(
+        step("o").iter().any(|(kind, key)| {
+            matches!(kind.as_deref(), Some("ref" | "range"))
+                && key.as_deref() == Some("outbox_unpublished")
+        }),
+        "{plan:?}"
+    );
+    assert!(
+        step("o")
+            .iter()
+            .all(|(kind, _)| !matches!(kind.as_deref(), Some("ALL" | "index"))),
+        "no scan of the table or of a whole index: {plan:?}"
+    );
+    let blocked = step("p");
+    assert_eq!(blocked.len(), 2, "{plan:?}");
+    for (kind, key) in blocked {
+        assert_eq!(kind.as_deref(), Some("range"), "{plan:?}");
+        assert!(
+            matches!(key.as_deref(), Some("outbox_parked" | "outbox_retrying")),
+            "{plan:?}"
+        );
+    }
+}
+
 /// The relay killed ten times while it drains 50,000 readings of 20 meters: every reading
 /// arrives, each meter's first deliveries in recording order.
 #[tokio::test]

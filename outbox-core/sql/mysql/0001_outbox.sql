@@ -38,10 +38,10 @@ CREATE TABLE IF NOT EXISTS outbox (
     -- MySQL has no partial index: the claim reads the NULL prefix of this one in seq order, so its
     -- cost stays flat however large the published history grows; pruning reads its other end.
     KEY outbox_unpublished (published_at, seq),
-    -- Parked and backing-off rows hold back their aggregate: the claim looks up each candidate's
-    -- aggregate here, in the range of its rows with the column set (normally none).
-    KEY outbox_parked (aggregate_type, aggregate_id, parked_at),
-    KEY outbox_retrying (aggregate_type, aggregate_id, retry_at),
+    -- Parked and backing-off rows hold back their aggregate: the claim finds them through these,
+    -- in the range of rows with the column set (normally none), not among every row.
+    KEY outbox_parked (parked_at),
+    KEY outbox_retrying (retry_at),
     CONSTRAINT outbox_payload_json CHECK (JSON_VALID(payload))
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 

@@ -12,7 +12,7 @@
 
 pub(crate) mod backlog;
 pub(crate) mod leases;
-mod mysql;
+pub(crate) mod mysql;
 mod postgres;
 pub(crate) mod prune;
 mod read;
@@ -36,6 +36,7 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 pub use crate::config::Mode;
+pub use mysql::MYSQL_CLAIM;
 pub use postgres::{PG_CLAIM, PG_SESSION};
 
 /// One connection's life of the table source: the connection that claims and settles, the shard
@@ -232,8 +233,8 @@ impl OutboxTable {
             OutboxTable::MySql(conn) => {
                 let (rows, full) = read::read_rows(
                     sqlx::query(mysql::MYSQL_CLAIM)
-                        .bind(serde_json::to_string(in_flight).unwrap_or_default())
                         .bind(hold_parked)
+                        .bind(serde_json::to_string(in_flight).unwrap_or_default())
                         .bind(rows)
                         .bind(payload_bytes)
                         .bind(payload_bytes)

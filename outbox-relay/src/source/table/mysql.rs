@@ -22,24 +22,33 @@ pub(super) const MYSQL_SESSION: &str =
 pub(super) const TAKE_RELAY_LOCK: &str =
     "SELECT GET_LOCK(LEFT(CONCAT('outbox-relay:', DATABASE()), 64), 0)";
 
-/// The claim on MySQL, as [`PG_CLAIM`](super::PG_CLAIM): the seqs in flight (a JSON array), hold
-/// parked, rows, payload bytes (three times), batch bytes, bound in that order (MySQL numbers no
-/// parameters). No row lock: the relay lock makes this relay the only publisher. Each blocking
-/// rule is a lookup of the candidate's aggregate in an index made for it (`outbox_parked`,
-/// `outbox_retrying`), so the claim's cost follows the batch, not the table.
-pub(super) const MYSQL_CLAIM: &str = "
-WITH claimed AS (
+/// The relay's claim query on MySQL and MariaDB, for operators to `EXPLAIN`; as
+/// [`PG_CLAIM`](super::PG_CLAIM). Parameters, bound in this order (MySQL numbers none): hold
+/// parked, the seqs in flight (a JSON array), rows, payload bytes (three times), batch bytes.
+///
+/// `blocked` lists the aggregates that must wait, found through `outbox_retrying` and
+/// `outbox_parked` among the rows with the column set (normally none), never among every row:
+/// looked up per candidate instead, the rule walked each aggregate's whole history, and a
+/// semi-join walked the whole backlog. `claimed` then reads the oldest unpublished rows in `seq`
+/// order from the NULL prefix of `outbox_unpublished`, so the claim's cost follows the batch, not
+/// the table (`tests/mariadb.rs` checks the plan). That index is forced: with a published history
+/// before the backlog, MariaDB preferred walking the primary key in `seq` order, through every
+/// published row, to stop at the batch size. No row lock: the relay lock makes this relay the
+/// only publisher.
+pub const MYSQL_CLAIM: &str = "
+WITH blocked AS (
+    SELECT p.aggregate_type, p.aggregate_id FROM outbox p
+    WHERE p.retry_at > UTC_TIMESTAMP(6) AND p.published_at IS NULL
+    UNION
+    SELECT p.aggregate_type, p.aggregate_id FROM outbox p
+    WHERE ? AND p.parked_at IS NOT NULL AND p.published_at IS NULL
+), claimed AS (
     SELECT o.seq, LENGTH(o.payload) AS payload_bytes, COALESCE(LENGTH(o.headers), 0) AS header_bytes
-    FROM outbox o
+    FROM outbox o FORCE INDEX (outbox_unpublished)
     WHERE o.published_at IS NULL AND o.parked_at IS NULL
       AND o.seq NOT IN (SELECT f.seq FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS f)
-      AND NOT EXISTS (SELECT 1 FROM outbox p
-                      WHERE p.aggregate_type = o.aggregate_type AND p.aggregate_id = o.aggregate_id
-                        AND p.retry_at > UTC_TIMESTAMP(6) AND p.published_at IS NULL)
-      AND NOT (? AND EXISTS (SELECT 1 FROM outbox p
-                             WHERE p.aggregate_type = o.aggregate_type
-                               AND p.aggregate_id = o.aggregate_id
-                               AND p.parked_at IS NOT NULL AND p.published_at IS NULL))
+      AND (o.aggregate_type, o.aggregate_id) NOT IN
+          (SELECT b.aggregate_type, b.aggregate_id FROM blocked b)
     ORDER BY o.seq
     LIMIT ?
 ), sized AS (
@@ -70,7 +79,7 @@ pub(super) async fn settle(
     if !outcome.published.is_empty() {
         let seqs: Vec<i64> = outcome.published.iter().map(|key| key.seq).collect();
         let sql = match mode {
-            // Clearing `retry_at` keeps published rows out of `outbox_retrying`'s lookups.
+            // Clearing `retry_at` keeps published rows out of `outbox_retrying`'s range.
             Mode::Mark => {
                 "UPDATE outbox o JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS p
                      ON o.seq = p.seq
