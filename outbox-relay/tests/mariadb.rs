@@ -1,8 +1,11 @@
-//! The relay on MySQL's family, on a real MariaDB (`scripts/services start mariadb`) and Kafka:
-//! `migrate`, the message contract (key, headers, the payload byte for byte), poison rows parked
-//! with their aggregate held while others flow, `failed` and `status`, a standby taking over
-//! from a killed relay, and a relay killed again and again during a drain: nothing lost, each
-//! aggregate's first deliveries in order.
+//! The relay on MySQL's family, on a real MariaDB (`scripts/services start mariadb`), Kafka and
+//! Pulsar: `migrate`, the message contract (key, headers, the payload byte for byte) on both
+//! brokers, poison rows parked with their aggregate held while others flow, `failed` and
+//! `status`, a standby taking over from a killed relay, a relay killed again and again during a
+//! drain and the broker paused meanwhile: nothing lost, each aggregate's first deliveries in
+//! order; and the claim's plan.
+//!
+//! The broker-pausing test pauses the shared Kafka: the tests of this file run one at a time.
 
 mod common;
 
@@ -13,6 +16,8 @@ use seaorm_outbox::{NewEvent, OutboxEvent, Uuid};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[derive(Serialize, OutboxEvent)]
 #[outbox(aggregate = "meter", key = "meter")]
@@ -54,10 +59,15 @@ impl MariaDb {
 
     /// Starts the relay binary on this database, publishing to Kafka.
     fn spawn_relay(&self, extra: &[&str]) -> KillOnDrop {
+        self.spawn_relay_to(&["--kafka-brokers", &common::kafka::brokers()], extra)
+    }
+
+    /// Starts the relay binary on this database with `sink` arguments, then `extra` ones.
+    fn spawn_relay_to(&self, sink: &[&str], extra: &[&str]) -> KillOnDrop {
         KillOnDrop::spawn_logged(
             relay_command()
                 .args(["run", "--database-url", &self.url])
-                .args(["--kafka-brokers", &common::kafka::brokers()])
+                .args(sink)
                 .args([
                     "--topic-template",
                     &format!("{}.{{aggregate_type}}", self.prefix),
@@ -179,6 +189,7 @@ fn assert_complete_and_ordered(received: &[Received], total: u64, meters: u64) -
 
 #[tokio::test]
 async fn events_recorded_on_mariadb_are_published_under_the_contract() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = MariaDb::new().await;
     let txn = m.db.begin().await.unwrap();
     let event = NewEvent::from_event(&Reading {
@@ -214,6 +225,7 @@ async fn events_recorded_on_mariadb_are_published_under_the_contract() {
 
 #[tokio::test]
 async fn a_poison_row_is_parked_and_holds_its_aggregate_while_others_flow() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = MariaDb::new().await;
     let insert = |meter: &str, n: u64, headers: &str| {
         format!(
@@ -257,6 +269,7 @@ async fn a_poison_row_is_parked_and_holds_its_aggregate_while_others_flow() {
 /// killed.
 #[tokio::test]
 async fn one_relay_publishes_at_a_time_and_a_standby_takes_over_when_it_is_killed() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = MariaDb::new().await;
     let mut first = m.spawn_relay(&[]);
     m.record(0..10, 10).await;
@@ -290,6 +303,7 @@ async fn one_relay_publishes_at_a_time_and_a_standby_takes_over_when_it_is_kille
 /// `outbox_retrying` and `outbox_parked`; no step reads the whole table.
 #[tokio::test]
 async fn the_claim_reads_indexes_not_the_table() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = MariaDb::new().await;
     m.backlog(60_000, 1_000).await;
     m.db.execute_unprepared(
@@ -357,6 +371,7 @@ async fn the_claim_reads_indexes_not_the_table() {
 #[tokio::test]
 async fn the_relay_killed_ten_times_during_a_50k_drain_loses_nothing() {
     const TOTAL: u64 = 50_000;
+    let _one = ONE_AT_A_TIME.lock().await;
     let m = MariaDb::new().await;
     m.backlog(TOTAL, 20).await;
     for round in 0..10 {
@@ -370,5 +385,74 @@ async fn the_relay_killed_ten_times_during_a_50k_drain_loses_nothing() {
     let received = consume(&[&m.topic()], TOTAL as usize, Duration::from_secs(120)).await;
     let duplicates = assert_complete_and_ordered(&received, TOTAL, 20);
     eprintln!("{TOTAL} readings, {duplicates} duplicates");
+    assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+}
+
+/// The same contract to Pulsar: the aggregate id as partition and ordering key, the contract's
+/// properties, the payload byte for byte, each aggregate in order.
+#[tokio::test]
+async fn events_recorded_on_mariadb_reach_pulsar_under_the_contract() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = MariaDb::new().await;
+    m.record(0..50, 5).await;
+    let mut relay = m.spawn_relay_to(
+        &["--sink", "pulsar", "--pulsar-url", &common::pulsar::url()],
+        &[],
+    );
+    let received = common::pulsar::consume(
+        &common::pulsar::topic(&m.topic()),
+        50,
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut by_meter: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for message in &received {
+        assert_eq!(message.key, message.ordering_key);
+        assert_eq!(message.property("aggregate_type"), Some("meter"));
+        assert_eq!(message.property("event_type"), Some("Reading"));
+        let payload: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+        assert_eq!(payload["meter"], message.key.as_str());
+        by_meter
+            .entry(message.key.clone())
+            .or_default()
+            .push(payload["n"].as_u64().unwrap());
+    }
+    let expected: BTreeMap<String, Vec<u64>> = (0..5)
+        .map(|meter| {
+            (
+                format!("m-{meter}"),
+                (0..50).filter(|n| n % 5 == meter).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(by_meter, expected);
+    assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+}
+
+/// The broker paused past the producer's message timeout while the relay drains and writers
+/// record: once it is back, every reading arrives, each meter's first deliveries in order.
+#[tokio::test]
+async fn the_broker_paused_during_a_drain_loses_nothing() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = MariaDb::new().await;
+    m.backlog(2_000, 20).await;
+    let mut relay = m.spawn_relay(&[]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::services("pause-kafka");
+    // Recorded while the broker is away.
+    m.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT UUID(), 'meter', CONCAT('m-', (seq + 1999) % 20), 'Reading',
+                CONCAT('{\"meter\":\"m-', (seq + 1999) % 20, '\",\"n\":', seq + 1999, '}')
+         FROM outbox WHERE seq BETWEEN 1 AND 1000 ORDER BY seq",
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    common::services("resume-kafka");
+    m.wait_until_drained(Duration::from_secs(120)).await;
+    let received = consume(&[&m.topic()], 3_000, Duration::from_secs(120)).await;
+    let duplicates = assert_complete_and_ordered(&received, 3_000, 20);
+    eprintln!("3000 readings, {duplicates} duplicates");
     assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
 }
