@@ -46,6 +46,14 @@ pub(crate) async fn connect_postgres(url: &str) -> Result<PgConnection, sqlx::Er
         keep_alive(&mut conn, &options).await?;
         Ok(conn)
     };
+    connected_within(timeout, connect).await
+}
+
+/// `connect`, given up after the URL's connect `timeout`.
+pub(crate) async fn connected_within<T>(
+    timeout: Duration,
+    connect: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
     tokio::time::timeout(timeout, connect)
         .await
         .unwrap_or_else(|_| {

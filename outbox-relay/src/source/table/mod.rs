@@ -169,14 +169,7 @@ impl OutboxTable {
                         .await?;
                     Ok(OutboxTable::MySql(conn))
                 };
-                tokio::time::timeout(timeout, connect)
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(sqlx::Error::Io(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            format!("no connection to MySQL within {timeout:?}"),
-                        )))
-                    })
+                crate::database::connected_within(timeout, connect).await
             }
             Backend::Postgres => {
                 let mut conn = connect_postgres(url).await?;

@@ -192,7 +192,6 @@ impl WalStream {
 
     /// Takes in one replication event.
     fn take(&mut self, event: ReplicationEvent) -> Result<(), SourceError> {
-        self.heard_at = Instant::now();
         let stream = SourceError::Replication;
         match event {
             ReplicationEvent::Begin {
@@ -268,12 +267,16 @@ impl WalStream {
 
     /// Takes in what the client's queue holds, without waiting, up to a full window.
     fn read_ready(&mut self) -> Result<(), SourceError> {
+        let mut heard = false;
         while !self.window_full() {
             // Unconstrained: tokio's cooperative budget would end the loop after 128 events
             // even with more ready, and batches would never fill.
             match tokio::task::unconstrained(self.wal.recv()).now_or_never() {
                 None => break,
-                Some(Ok(Some(event))) => self.take(event)?,
+                Some(Ok(Some(event))) => {
+                    heard = true;
+                    self.take(event)?;
+                }
                 Some(Ok(None)) => {
                     return Err(SourceError::Replication(
                         "the server ended the stream".into(),
@@ -281,6 +284,10 @@ impl WalStream {
                 }
                 Some(Err(e)) => return Err(e.into()),
             }
+        }
+        // Once per read, not per event: the clock stays off the per-event path.
+        if heard {
+            self.heard_at = Instant::now();
         }
         Ok(())
     }
@@ -433,7 +440,10 @@ impl Source for WalStream {
             return std::future::pending().await;
         }
         let taken = match self.wal.recv().await {
-            Ok(Some(event)) => self.take(event),
+            Ok(Some(event)) => {
+                self.heard_at = Instant::now();
+                self.take(event)
+            }
             Ok(None) => Err(SourceError::Replication(
                 "the server ended the stream".into(),
             )),
