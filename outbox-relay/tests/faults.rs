@@ -8,23 +8,14 @@
 mod common;
 
 use common::kafka::consume;
-use common::meters::{self, Writer, assert_complete_and_ordered};
+use common::meters::{self, Writer, assert_complete_and_ordered, reading};
 use common::{Fixture, free_port, http_get_when_up, services};
-use seaorm_outbox::OutboxEvent;
 use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement};
-use serde::Serialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 static ONE_FAULT_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-#[derive(Serialize, OutboxEvent)]
-#[outbox(aggregate = "meter", key = "meter")]
-struct Reading {
-    meter: String,
-    n: u64,
-}
 
 /// Samples `pg_stat_activity` every 100 ms until finished: the age of the oldest open transaction of
 /// the connections named `name`.
@@ -65,10 +56,6 @@ impl TransactionWatch {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.unwrap()
     }
-}
-
-fn reading(meter: String, n: u64) -> Reading {
-    Reading { meter, n }
 }
 
 fn metric(metrics: &str, name: &str) -> f64 {

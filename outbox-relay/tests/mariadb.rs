@@ -9,22 +9,15 @@
 
 mod common;
 
-use common::kafka::{Received, consume};
+use common::kafka::consume;
+use common::meters::{Reading, assert_complete_and_ordered, readings_of};
 use common::{KillOnDrop, relay_command, signal, terminate};
 use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
 use seaorm_outbox::{NewEvent, OutboxEvent, Uuid};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-#[derive(Serialize, OutboxEvent)]
-#[outbox(aggregate = "meter", key = "meter")]
-struct Reading {
-    meter: String,
-    n: u64,
-}
 
 /// A MariaDB database of its own, migrated by `outbox-relay migrate`, and topics of its own.
 struct MariaDb {
@@ -160,31 +153,6 @@ impl MariaDb {
         assert!(output.status.success(), "{output:?}");
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
-}
-
-fn readings_of(received: &[Received], meter: &str) -> Vec<u64> {
-    received
-        .iter()
-        .filter(|m| m.key == meter)
-        .map(|m| m.json()["n"].as_u64().unwrap())
-        .collect()
-}
-
-/// Every reading 0..total arrived, each meter's first deliveries in order.
-fn assert_complete_and_ordered(received: &[Received], total: u64, meters: u64) -> usize {
-    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for n in 0..total {
-        expected
-            .entry(format!("m-{}", n % meters))
-            .or_default()
-            .push(n);
-    }
-    common::assert_complete_and_ordered(
-        received
-            .iter()
-            .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap())),
-        &expected,
-    )
 }
 
 #[tokio::test]
@@ -374,9 +342,16 @@ async fn the_relay_killed_ten_times_during_a_50k_drain_loses_nothing() {
     let _one = ONE_AT_A_TIME.lock().await;
     let m = MariaDb::new().await;
     m.backlog(TOTAL, 20).await;
-    for round in 0..10 {
+    // Each run is killed once it has published more: in the middle of the drain.
+    let published = "SELECT COUNT(*) FROM outbox WHERE published_at IS NOT NULL";
+    for _ in 0..10 {
+        let before = m.scalar(published).await;
         let mut relay = m.spawn_relay(&[]);
-        tokio::time::sleep(Duration::from_millis(300 + 70 * round)).await;
+        m.wait_until_zero(
+            &format!("SELECT GREATEST({before} + 1 - COUNT(*), 0) FROM outbox WHERE published_at IS NOT NULL"),
+            Duration::from_secs(30),
+        )
+        .await;
         signal(&relay, "KILL");
         let _ = relay.wait();
     }
@@ -437,7 +412,11 @@ async fn the_broker_paused_during_a_drain_loses_nothing() {
     let m = MariaDb::new().await;
     m.backlog(2_000, 20).await;
     let mut relay = m.spawn_relay(&[]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    m.wait_until_zero(
+        "SELECT GREATEST(1 - COUNT(*), 0) FROM outbox WHERE published_at IS NOT NULL",
+        Duration::from_secs(30),
+    )
+    .await;
     common::services("pause-kafka");
     // Recorded while the broker is away.
     m.db.execute_unprepared(
@@ -448,7 +427,7 @@ async fn the_broker_paused_during_a_drain_loses_nothing() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_secs(35)).await;
+    tokio::time::sleep(common::wal::PAST_THE_PRODUCERS_TIMEOUT).await;
     common::services("resume-kafka");
     m.wait_until_drained(Duration::from_secs(120)).await;
     let received = consume(&[&m.topic()], 3_000, Duration::from_secs(120)).await;

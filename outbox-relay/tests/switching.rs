@@ -10,27 +10,16 @@
 mod common;
 
 use common::kafka::{Received, consume};
-use common::meters::{Writer, assert_complete_and_ordered};
+use common::meters::{Writer, assert_complete_and_ordered, reading};
 use common::wal::WalFixture;
 use common::{relay_command, terminate};
 use seaorm_outbox::sea_orm::{ConnectionTrait, TransactionTrait};
 use seaorm_outbox::{OutboxEvent, Recording};
-use serde::Serialize;
 use std::process::{Child, Stdio};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-#[derive(Serialize, OutboxEvent)]
-#[outbox(aggregate = "meter", key = "meter")]
-struct Reading {
-    meter: String,
-    n: u64,
-}
-
-fn reading(meter: String, n: u64) -> Reading {
-    Reading { meter, n }
-}
 
 /// Inserts reading `n` of meter `p` as a row; `headers` as SQL (`'[1]'`, headers that are not a
 /// JSON object, makes it a poison event).
@@ -44,9 +33,16 @@ async fn insert_p(w: &WalFixture, n: u64, headers: &str) {
         .unwrap();
 }
 
-/// Starts `outbox-relay wal <direction>` on the fixture's slot and publication.
-fn spawn_switch(w: &WalFixture, direction: &str, extra: &[&str]) -> Child {
-    relay_command()
+/// A running `outbox-relay wal <direction>` on the fixture's slot and publication, its stderr
+/// collected as it comes.
+struct Switch {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
+fn spawn_switch(w: &WalFixture, direction: &str, extra: &[&str]) -> Switch {
+    let mut child = relay_command()
         .args(["wal", direction, "--database-url", &w.f.url])
         .args(["--slot", &w.source.slot])
         .args(["--publication", &w.source.publication])
@@ -54,16 +50,64 @@ fn spawn_switch(w: &WalFixture, direction: &str, extra: &[&str]) -> Child {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap()
+        .unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let reader = std::thread::spawn({
+        let (pipe, stderr) = (child.stderr.take().unwrap(), stderr.clone());
+        move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(pipe)) {
+                let Ok(line) = line else { return };
+                let mut text = stderr.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        }
+    });
+    Switch {
+        child,
+        stderr,
+        reader,
+    }
+}
+
+impl Switch {
+    /// Waits until the command has printed `needle` on stderr.
+    async fn wait_until_said(&self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.stderr.lock().unwrap().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "the switch did not say {needle:?} in 60 s: {}",
+                self.stderr.lock().unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// Waits for a switch to end: its exit code, stdout and stderr.
-fn finished(mut switch: Child) -> (Option<i32>, String, String) {
-    let (status, stderr) =
-        common::wait_for_exit(&mut switch, Duration::from_secs(120), "the switch ran");
+fn finished(mut switch: Switch) -> (Option<i32>, String, String) {
+    let (status, _) = common::wait_for_exit(
+        &mut switch.child,
+        Duration::from_secs(120),
+        "the switch ran",
+    );
     let mut stdout = String::new();
-    std::io::Read::read_to_string(&mut switch.stdout.take().unwrap(), &mut stdout).unwrap();
+    std::io::Read::read_to_string(&mut switch.child.stdout.take().unwrap(), &mut stdout).unwrap();
+    switch.reader.join().unwrap();
+    let stderr = switch.stderr.lock().unwrap().clone();
     (status.code(), stdout, stderr)
+}
+
+/// Waits until the outbox table holds at least `rows` rows (the writers record on).
+async fn wait_for_rows(w: &WalFixture, rows: i64) {
+    let sql = format!("SELECT GREATEST({rows} - count(*), 0) FROM outbox");
+    w.f.wait_until_zero(&sql, Duration::from_secs(60)).await;
+}
+
+/// The rows of the outbox table now.
+async fn rows(w: &WalFixture) -> i64 {
+    w.f.scalar("SELECT count(*) FROM outbox").await
 }
 
 /// The meter readings received (not meter `p`'s), and `p`'s readings in order.
@@ -74,17 +118,6 @@ fn split_p(received: Vec<Received>) -> (Vec<Received>, Vec<u64>) {
         readings,
         p.iter().map(|m| m.json()["n"].as_u64().unwrap()).collect(),
     )
-}
-
-fn failed(w: &WalFixture, args: &[&str]) -> String {
-    let output = relay_command()
-        .arg("failed")
-        .args(args)
-        .args(["--database-url", &w.f.url])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 async fn publication_exists(w: &WalFixture) -> bool {
@@ -120,10 +153,10 @@ async fn moving_from_the_wal_source_to_polling_while_recording_loses_and_repeats
     insert_p(&w, 2, "NULL").await;
     insert_p(&w, 3, "NULL").await;
     let writer = Writer::start(&w.f, 20, Duration::from_millis(5), reading);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_for_rows(&w, 200).await;
 
     let switch = spawn_switch(&w, "to-polling", &[]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    switch.wait_until_said("stop them now").await;
     assert!(publication_exists(&w).await, "it waits for the WAL relay");
     assert_eq!(terminate(&mut wal_relay), Some(0));
     let (code, stdout, stderr) = finished(switch);
@@ -146,7 +179,7 @@ async fn moving_from_the_wal_source_to_polling_while_recording_loses_and_repeats
 
     // The writers went on recording all along; the polling relay publishes what is left.
     let mut polling = w.f.spawn_relay(&[]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_for_rows(&w, rows(&w).await + 200).await;
     let total = writer.finish().await;
     w.f.wait_until_zero(
         "SELECT count(*) FROM outbox WHERE published_at IS NULL AND aggregate_id <> 'p'",
@@ -166,7 +199,7 @@ async fn moving_from_the_wal_source_to_polling_while_recording_loses_and_repeats
     );
 
     // Under the polling relay, skipping the parked event releases the two behind it, in order.
-    failed(&w, &["skip", "--all", "--reason", "test"]);
+    w.failed(&["skip", "--all", "--reason", "test"]);
     let received = consume(&[&topic], total as usize + 2, Duration::from_secs(60)).await;
     assert_eq!(split_p(received).1, [2, 3]);
     assert_eq!(terminate(&mut polling), Some(0));
@@ -185,7 +218,7 @@ async fn moving_from_polling_to_the_wal_source_while_recording_loses_nothing() {
     insert_p(&w, 1, "'[1]'").await;
     insert_p(&w, 2, "NULL").await;
     let writer = Writer::start(&w.f, 20, Duration::from_millis(5), reading);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_for_rows(&w, 200).await;
 
     // The switch waits for the polling relays, and gives up when they do not stop.
     let (code, stdout, stderr) = finished(spawn_switch(&w, "from-polling", &["--timeout", "2s"]));
@@ -198,7 +231,11 @@ async fn moving_from_polling_to_the_wal_source_while_recording_loses_nothing() {
 
     // Stopped, the polling relay leaves a backlog that grows while no relay runs.
     assert_eq!(terminate(&mut polling), Some(0));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    w.f.wait_until_zero(
+        "SELECT GREATEST(100 - count(*), 0) FROM outbox WHERE published_at IS NULL",
+        Duration::from_secs(60),
+    )
+    .await;
     let (code, stdout, stderr) = finished(spawn_switch(&w, "from-polling", &[]));
     assert_eq!(code, Some(0), "{stdout}{stderr}");
     let handed: u64 = stdout
@@ -209,12 +246,13 @@ async fn moving_from_polling_to_the_wal_source_while_recording_loses_nothing() {
         .unwrap_or_else(|| panic!("{stdout}"));
     assert!(
         handed >= 100,
-        "a backlog of about 2 s of readings: {stdout}"
+        "the backlog left while no relay ran: {stdout}"
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
+    // Recorded into the slot's stream before a WAL relay reads it, and while it does.
+    wait_for_rows(&w, rows(&w).await + 100).await;
     let mut wal_relay = w.spawn_relay(&[]);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    w.wait_until_reading().await;
+    wait_for_rows(&w, rows(&w).await + 200).await;
     let total = writer.finish().await;
     w.wait_until_confirmed(Duration::from_secs(60)).await;
     let topic = w.f.topic("meter");
@@ -232,7 +270,7 @@ async fn moving_from_polling_to_the_wal_source_while_recording_loses_nothing() {
         "the WAL source holds it"
     );
 
-    failed(&w, &["skip", "--all", "--reason", "test"]);
+    w.failed(&["skip", "--all", "--reason", "test"]);
     let received = consume(&[&topic], total as usize + 1, Duration::from_secs(60)).await;
     assert_eq!(split_p(received).1, [2]);
     w.wait_until_confirmed(Duration::from_secs(30)).await;
@@ -259,10 +297,11 @@ async fn the_move_to_polling_refuses_while_table_less_recording_is_on() {
         .unwrap();
     txn.commit().await.unwrap();
     let writer = Writer::start(&w.f, 20, Duration::from_millis(5), reading);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    w.wait_until_confirmed(Duration::from_secs(60)).await;
 
     let switch = spawn_switch(&w, "to-polling", &[]);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Its first check of the slot: it runs, and what is recorded from now on is after its start.
+    switch.wait_until_said("the WAL relays").await;
     assert_eq!(terminate(&mut wal_relay), Some(0));
     let (code, stdout, stderr) = finished(switch);
     assert_eq!(code, Some(1), "{stdout}{stderr}");
@@ -287,7 +326,6 @@ async fn the_move_to_polling_refuses_while_table_less_recording_is_on() {
     w.wait_until_reading().await;
     let switch = spawn_switch(&w, "to-polling", &[]);
     w.wait_until_confirmed(Duration::from_secs(60)).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(terminate(&mut wal_relay), Some(0));
     let (code, stdout, stderr) = finished(switch);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
@@ -314,7 +352,7 @@ async fn the_move_to_polling_refuses_while_table_less_recording_is_on() {
         row.try_get_by_index(0).unwrap()
     };
     let mut polling = w.f.spawn_relay(&[]);
-    failed(&w, &["retry", "--all"]);
+    w.failed(&["retry", "--all"]);
     let received = consume(&[&topic], total as usize + 1, Duration::from_secs(60)).await;
     let big = received
         .iter()

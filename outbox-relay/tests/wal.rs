@@ -9,30 +9,18 @@
 mod common;
 
 use common::kafka::consume;
-use common::meters::{Writer, assert_complete_and_ordered};
+use common::meters::{Reading, Writer, assert_complete_and_ordered, reading, readings_of};
 use common::wal::WalFixture;
 use common::{relay_command, services};
 use seaorm_outbox::OutboxEvent;
 use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use seaorm_outbox_relay::sink::memory::MemorySink;
 use seaorm_outbox_relay::{Relay, Source};
-use serde::Serialize;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-#[derive(Serialize, OutboxEvent)]
-#[outbox(aggregate = "meter", key = "meter")]
-struct Reading {
-    meter: String,
-    n: u64,
-}
-
-fn reading(meter: String, n: u64) -> Reading {
-    Reading { meter, n }
-}
 
 /// Inserts reading `n` of `meter` as a row; `headers` as SQL (`'[1]'`, headers that are not a
 /// JSON object, makes it a poison event).
@@ -44,27 +32,6 @@ async fn insert(w: &WalFixture, meter: &str, n: u64, headers: &str) {
         ))
         .await
         .unwrap();
-}
-
-/// Runs `outbox-relay failed ...` on the fixture's database; returns what it printed.
-fn failed(w: &WalFixture, args: &[&str]) -> String {
-    let output = relay_command()
-        .arg("failed")
-        .args(args)
-        .args(["--database-url", &w.f.url])
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// The readings of `meter` received, in order.
-fn readings_of(received: &[common::kafka::Received], meter: &str) -> Vec<u64> {
-    received
-        .iter()
-        .filter(|m| m.key == meter)
-        .map(|m| m.json()["n"].as_u64().unwrap())
-        .collect()
 }
 
 /// The WAITING column of `failed list` for the parked event of `meter`.
@@ -293,7 +260,7 @@ async fn a_poison_row_is_parked_and_retried_in_order() {
         ["m-ok"]
     );
     w.wait_until_confirmed(Duration::from_secs(30)).await;
-    let list = failed(&w, &["list"]);
+    let list = w.failed(&["list"]);
     assert!(list.contains("headers must be a JSON object"), "{list}");
     assert_eq!(waiting_behind(&list, "m-bad"), "1", "{list}");
     assert_eq!(list.lines().count(), 2, "one parked event: {list}");
@@ -303,7 +270,7 @@ async fn a_poison_row_is_parked_and_retried_in_order() {
         .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-bad'")
         .await
         .unwrap();
-    let retried = failed(&w, &["retry", "--all"]);
+    let retried = w.failed(&["retry", "--all"]);
     assert!(retried.contains("1 events will be retried"), "{retried}");
     let received = consume(&[&w.f.topic("meter")], 3, Duration::from_secs(60)).await;
     assert_eq!(readings_of(&received, "m-bad"), [0, 1]);
@@ -404,7 +371,7 @@ async fn a_retried_event_goes_out_before_a_later_one_committed_behind_it() {
         .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-bad'")
         .await
         .unwrap();
-    let retried = failed(&w, &["retry", "--aggregate", "meter:m-bad"]);
+    let retried = w.failed(&["retry", "--aggregate", "meter:m-bad"]);
     assert!(retried.contains("1 events will be retried"), "{retried}");
     let mut relay = w.spawn_relay(&[]);
     let received = consume(&[&w.f.topic("meter")], 3, Duration::from_secs(60)).await;
@@ -453,14 +420,14 @@ async fn retrying_one_of_an_aggregates_parked_events_keeps_it_behind_the_earlier
             row.try_get_by_index::<String>(0).unwrap()
         }
     };
-    let retried = failed(&w, &["retry", "--id", &id_of(2).await]);
+    let retried = w.failed(&["retry", "--id", &id_of(2).await]);
     assert!(retried.contains("1 events will be retried"), "{retried}");
     // The release was read (its message is confirmed), and let nothing out.
     w.wait_until_confirmed(Duration::from_secs(30)).await;
     let received = consume(&[&topic], 2, Duration::from_secs(60)).await;
     assert_eq!(readings_of(&received, "m-x"), [1, 3], "m-x's deliveries");
 
-    let retried = failed(&w, &["retry", "--id", &id_of(0).await]);
+    let retried = w.failed(&["retry", "--id", &id_of(0).await]);
     assert!(retried.contains("1 events will be retried"), "{retried}");
     let received = consume(&[&topic], 5, Duration::from_secs(60)).await;
     assert_eq!(
@@ -490,7 +457,7 @@ async fn failed_skip_skips_exactly_what_it_names_and_releases_the_rest_in_order(
     let topic = w.f.topic("meter");
     consume(&[&topic], 1, Duration::from_secs(60)).await;
     w.wait_until_confirmed(Duration::from_secs(30)).await;
-    let list = failed(&w, &["list"]);
+    let list = w.failed(&["list"]);
     for meter in ["m-a", "m-b", "m-c"] {
         assert_eq!(waiting_behind(&list, meter), "2", "{list}");
     }
@@ -508,28 +475,25 @@ async fn failed_skip_skips_exactly_what_it_names_and_releases_the_rest_in_order(
             .unwrap();
         row.try_get_by_index::<String>(0).unwrap()
     };
-    let skipped = failed(&w, &["skip", "--id", &id_of_a, "--reason", "bad headers"]);
+    let skipped = w.failed(&["skip", "--id", &id_of_a, "--reason", "bad headers"]);
     assert!(skipped.contains("1 events skipped"), "{skipped}");
     let received = consume(&[&topic], 3, Duration::from_secs(60)).await;
     assert_eq!(readings_of(&received, "m-a"), [1, 2]);
     assert_eq!(readings_of(&received, "m-b"), Vec::<u64>::new());
 
-    let skipped = failed(
-        &w,
-        &[
-            "skip",
-            "--aggregate",
-            "meter:m-b",
-            "--reason",
-            "bad headers",
-        ],
-    );
+    let skipped = w.failed(&[
+        "skip",
+        "--aggregate",
+        "meter:m-b",
+        "--reason",
+        "bad headers",
+    ]);
     assert!(skipped.contains("1 events skipped"), "{skipped}");
     let received = consume(&[&topic], 5, Duration::from_secs(60)).await;
     assert_eq!(readings_of(&received, "m-b"), [1, 2]);
     assert_eq!(readings_of(&received, "m-c"), Vec::<u64>::new());
 
-    let skipped = failed(&w, &["skip", "--all", "--reason", "bad headers"]);
+    let skipped = w.failed(&["skip", "--all", "--reason", "bad headers"]);
     assert!(skipped.contains("1 events skipped"), "{skipped}");
     let received = consume(&[&topic], 7, Duration::from_secs(60)).await;
     assert_eq!(readings_of(&received, "m-c"), [1, 2]);
@@ -539,7 +503,7 @@ async fn failed_skip_skips_exactly_what_it_names_and_releases_the_rest_in_order(
             .await,
         3
     );
-    assert!(failed(&w, &["list"]).contains("no parked events"));
+    assert!(w.failed(&["list"]).contains("no parked events"));
     assert_eq!(common::terminate(&mut relay), Some(0));
     w.drop_slot().await;
 }

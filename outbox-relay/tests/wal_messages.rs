@@ -4,23 +4,17 @@
 
 mod common;
 
+use common::meters::Reading;
+
 use common::kafka::consume;
 use common::relay_command;
 use common::wal::WalFixture;
 use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
 use seaorm_outbox::{NewEvent, OutboxEvent, Recording};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-#[derive(Serialize, OutboxEvent)]
-#[outbox(aggregate = "meter", key = "meter")]
-struct Reading {
-    meter: String,
-    n: u64,
-}
 
 fn table_less() {
     seaorm_outbox::set_recording(Recording::LogicalMessage);

@@ -6,10 +6,33 @@ use super::Fixture;
 use super::kafka::Received;
 use seaorm_outbox::OutboxEvent;
 use seaorm_outbox::sea_orm::TransactionTrait;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+/// Reading `n` of a meter: the fault tests' event, keyed by its meter.
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "meter", key = "meter")]
+pub struct Reading {
+    pub meter: String,
+    pub n: u64,
+}
+
+/// Reading `n` of `meter`, as [`Writer::start`] makes them.
+pub fn reading(meter: String, n: u64) -> Reading {
+    Reading { meter, n }
+}
+
+/// The readings of `meter` received, in order.
+pub fn readings_of(received: &[Received], meter: &str) -> Vec<u64> {
+    received
+        .iter()
+        .filter(|m| m.key == meter)
+        .map(|m| m.json()["n"].as_u64().unwrap())
+        .collect()
+}
 
 /// Records readings of `meters` meters until stopped, one transaction per reading: reading `n` is
 /// meter `m-{n % meters}`'s, made by `reading(meter, n)`. A transaction that fails (the database

@@ -193,6 +193,18 @@ impl WalFixture {
         command.output().unwrap()
     }
 
+    /// Runs `outbox-relay failed ...` on the fixture's database; returns what it printed.
+    pub fn failed(&self, args: &[&str]) -> String {
+        let output = relay_command()
+            .arg("failed")
+            .args(args)
+            .args(["--database-url", &self.f.url])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
     /// What `outbox-relay status` prints for this fixture's database.
     pub fn status(&self) -> String {
         let status = relay_command()
