@@ -66,6 +66,7 @@ pub use readiness::READY_TIMEOUT;
 pub use redact::{is_secret_key, redact_url};
 pub use relay::Relay;
 pub use routing::{DEFAULT_TOPIC_TEMPLATE, Router};
+pub use source::table::leases::MYSQL_LOCK_PREFIX as MYSQL_LOCK_PREFIX_SQL;
 pub use source::table::prune::prune;
 pub use source::table::wakeup;
 pub use source::table::{

@@ -6,9 +6,8 @@
 //! On both databases a claim is a plain read, and the outcome is written in one short transaction
 //! after the broker answered: no relay transaction stays open while a broker is slow or away,
 //! so the relay never pins PostgreSQL's xmin horizon (vacuum keeps cleaning the application's
-//! tables). No row lock is needed: on PostgreSQL the replica's shard leases make it the only
-//! publisher of its rows (`leases.rs`), SQLite allows one relay per database, and on MySQL one
-//! relay holds the database's relay lock while the others wait (`mysql.rs`).
+//! tables). No row lock is needed: the replica's shard leases make it the only publisher of its
+//! rows (`leases/`), and SQLite allows one relay per database.
 
 #[cfg(test)]
 mod any_row;
@@ -42,7 +41,7 @@ pub use mysql::MYSQL_CLAIM;
 pub use postgres::{PG_CLAIM, PG_SESSION};
 
 /// One connection's life of the table source: the connection that claims and settles, the shard
-/// leases it holds (PostgreSQL), and the wake-ups on new rows (`--wakeup notify`).
+/// leases it holds (PostgreSQL and MySQL), and the wake-ups on new rows (`--wakeup notify`).
 pub(crate) struct TableSource {
     table: OutboxTable,
     leases: Option<Leases>,
@@ -52,27 +51,14 @@ pub(crate) struct TableSource {
 }
 
 impl TableSource {
-    /// Connects, joins the replicas (PostgreSQL) and listens for new rows if asked to; the
+    /// Connects, joins the replicas (PostgreSQL and MySQL) and listens for new rows if asked to; the
     /// listener is one of `tasks`, and stops with them.
     pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, SourceError> {
         let mut table = OutboxTable::connect(&config.database_url).await?;
         if let Some(conn) = table.postgres() {
             crate::database::limit_statements(conn, config.statement_timeout).await?;
         }
-        let leases = match table.postgres() {
-            Some(conn) => Some(Leases::join(conn, config.lease_refresh).await?),
-            None => None,
-        };
-        if let OutboxTable::MySql(conn) = &mut table {
-            let taken: Option<i64> = sqlx::query_scalar(mysql::TAKE_RELAY_LOCK)
-                .fetch_one(&mut *conn)
-                .await?;
-            if taken != Some(1) {
-                return Err(SourceError::Standby(
-                    "the outbox of this MySQL database".into(),
-                ));
-            }
-        }
+        let leases = Leases::join(&mut table, config.lease_refresh).await?;
         let wakeups = match config.wakeup {
             Wakeup::Notify => Some(wakeup::listen(&config.database_url, tasks).await?),
             Wakeup::Poll => None,
@@ -130,8 +116,8 @@ impl Source for TableSource {
 
     /// Takes and releases shards towards this replica's fair share (nothing in flight).
     async fn rebalance(&mut self) -> Result<(), SourceError> {
-        if let (Some(leases), Some(conn)) = (&mut self.leases, self.table.postgres()) {
-            leases.refresh(conn).await?;
+        if let Some(leases) = &mut self.leases {
+            leases.refresh(&mut self.table).await?;
             metrics::shards(leases.held().len());
         }
         Ok(())
@@ -139,15 +125,15 @@ impl Source for TableSource {
 
     /// Leaves the replicas, releasing this replica's shards at once (nothing in flight).
     async fn leave(mut self) -> Result<(), SourceError> {
-        if let (Some(leases), Some(conn)) = (self.leases.take(), self.table.postgres()) {
-            leases.leave(conn).await?;
+        if let Some(leases) = self.leases.take() {
+            leases.leave(&mut self.table).await?;
         }
         Ok(())
     }
 }
 
-/// One database connection of the relay. On PostgreSQL it also holds the shard leases, and on
-/// MySQL the relay lock, so losing it loses them and the open claim together.
+/// One database connection of the relay. On PostgreSQL and MySQL it also holds the shard leases,
+/// so losing it loses them and the open claim together.
 pub(crate) enum OutboxTable {
     Postgres(PgConnection),
     Sqlite(SqliteConnection),
@@ -229,6 +215,7 @@ impl OutboxTable {
                 let (rows, full) = read::read_rows(
                     sqlx::query(mysql::MYSQL_CLAIM)
                         .bind(hold_parked)
+                        .bind(shard_mask(shards))
                         .bind(serde_json::to_string(in_flight).unwrap_or_default())
                         .bind(rows)
                         .bind(payload_bytes)
@@ -360,7 +347,7 @@ pub(crate) async fn every_tick(
 }
 
 /// The claim's shard set as a 256-bit mask: bit `n % 8` of byte `n / 8` for shard `n`, which is
-/// how PostgreSQL's `get_bit` numbers a `bytea`'s bits. A bit test costs the same for one shard or
+/// how PostgreSQL's `get_bit` numbers a `bytea`'s bits (and what the MySQL claim computes). A bit test costs the same for one shard or
 /// all 256; `shard = ANY(array)` compared each row with every element (about 1 µs a row with 256).
 pub(crate) fn shard_mask(shards: &[i16]) -> Vec<u8> {
     let mut mask = vec![0u8; 32];

@@ -1,11 +1,6 @@
-//! The table source's SQL on MySQL and MariaDB: the session, the one-relay lock, the claim and
-//! the settle. Written in the SQL both accept (MySQL 8.0.16+, MariaDB 10.6+; the tests run on
-//! MariaDB 10.11).
-//!
-//! One relay publishes a MySQL database's outbox at a time, for now: it holds a named lock on its
-//! connection (`GET_LOCK`, which belongs to the session, as the relay needs), and other replicas
-//! wait as standbys, taking over when its session ends. Sharing the work among replicas through
-//! shard leases, as on PostgreSQL, is the next step.
+//! The table source's SQL on MySQL and MariaDB: the session, the claim and the settle. Written
+//! in the SQL both accept (MySQL 8.0.16+, MariaDB 10.6+; the tests run on MariaDB 10.11). The
+//! replicas share the work through shard leases, named locks (`leases/mysql.rs`).
 
 use super::Mode;
 use crate::batch::Outcome;
@@ -17,14 +12,11 @@ use sqlx::mysql::MySqlConnection;
 pub(super) const MYSQL_SESSION: &str =
     "SET time_zone = '+00:00'; SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED";
 
-/// The lock of the relay that publishes this database's outbox (at most 64 characters, MySQL's
-/// limit for a lock name); 1 when taken, 0 when another session holds it.
-pub(super) const TAKE_RELAY_LOCK: &str =
-    "SELECT GET_LOCK(LEFT(CONCAT('outbox-relay:', DATABASE()), 64), 0)";
-
 /// The relay's claim query on MySQL and MariaDB, for operators to `EXPLAIN`; as
 /// [`PG_CLAIM`](super::PG_CLAIM). Parameters, bound in this order (MySQL numbers none): hold
-/// parked, the seqs in flight (a JSON array), rows, payload bytes (three times), batch bytes.
+/// parked, the shard mask (32 bytes, bit `n % 8` of byte `n / 8` set for shard `n`; every shard:
+/// `UNHEX(REPEAT('FF', 32))`), the seqs in flight (a JSON array), rows, payload bytes (three
+/// times), batch bytes.
 ///
 /// `blocked` lists the aggregates that must wait, found through `outbox_retrying` and
 /// `outbox_parked` among the rows with the column set (normally none), never among every row:
@@ -33,8 +25,8 @@ pub(super) const TAKE_RELAY_LOCK: &str =
 /// order from the NULL prefix of `outbox_unpublished`, so the claim's cost follows the batch, not
 /// the table (`tests/mariadb.rs` checks the plan). That index is forced: with a published history
 /// before the backlog, MariaDB preferred walking the primary key in `seq` order, through every
-/// published row, to stop at the batch size. No row lock: the relay lock makes this relay the
-/// only publisher.
+/// published row, to stop at the batch size. No row lock: the replica's shard leases make it the
+/// only publisher of those rows.
 pub const MYSQL_CLAIM: &str = "
 WITH blocked AS (
     SELECT p.aggregate_type, p.aggregate_id FROM outbox p
@@ -46,6 +38,7 @@ WITH blocked AS (
     SELECT o.seq, LENGTH(o.payload) AS payload_bytes, COALESCE(LENGTH(o.headers), 0) AS header_bytes
     FROM outbox o FORCE INDEX (outbox_unpublished)
     WHERE o.published_at IS NULL AND o.parked_at IS NULL
+      AND (ASCII(SUBSTRING(?, (o.shard DIV 8) + 1, 1)) >> (o.shard % 8)) & 1 = 1
       AND o.seq NOT IN (SELECT f.seq FROM JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS f)
       AND (o.aggregate_type, o.aggregate_id) NOT IN
           (SELECT b.aggregate_type, b.aggregate_id FROM blocked b)
