@@ -3,7 +3,7 @@
 //! brokers, poison rows parked with their aggregate held while others flow, `failed` and
 //! `status`, three relays sharing the shards and one killed, a relay killed again and again during a
 //! drain and the broker paused meanwhile: nothing lost, each aggregate's first deliveries in
-//! order; and the claim's plan.
+//! order; the claim's plan; and the consumer loop with its inbox on MariaDB.
 //!
 //! The broker-pausing test pauses the shared Kafka: the tests of this file run one at a time.
 
@@ -82,6 +82,19 @@ impl MariaDb {
             .unwrap()
             .unwrap();
         row.try_get_by_index::<i64>(0).unwrap()
+    }
+
+    async fn scalar_text(&self, sql: &str) -> String {
+        let row = self
+            .db
+            .query_one_raw(seaorm_outbox::sea_orm::Statement::from_string(
+                self.db.get_database_backend(),
+                sql,
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        row.try_get_by_index::<String>(0).unwrap()
     }
 
     async fn wait_until_zero(&self, sql: &str, timeout: Duration) {
@@ -530,4 +543,106 @@ async fn the_broker_paused_during_a_drain_loses_nothing() {
     let duplicates = assert_complete_and_ordered(&received, 3_000, 20);
     eprintln!("3000 readings, {duplicates} duplicates");
     assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+}
+
+/// The consumer loop with its inbox on MariaDB, end to end: readings the relay published, some
+/// twice (a relay re-send) and some applied before a consumer crash (effect and inbox row
+/// committed, the offset not), are each applied once, every meter's in recording order.
+#[tokio::test]
+async fn the_consumer_loop_applies_each_event_once_with_its_inbox_on_mariadb() {
+    use seaorm_outbox::consumer::{ConsumerOptions, handler, kafka::KafkaConsumer};
+    use seaorm_outbox::inbox::{Inbox, Processed};
+    use seaorm_outbox::sea_orm::{DbBackend, Statement};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = MariaDb::new().await;
+    m.db.execute_unprepared(
+        "CREATE TABLE effects (pos BIGINT AUTO_INCREMENT PRIMARY KEY, event_id CHAR(36) NOT NULL,
+                               meter VARCHAR(255) NOT NULL, n BIGINT NOT NULL)",
+    )
+    .await
+    .unwrap();
+    m.record(0..50, 5).await;
+    let mut relay = m.spawn_relay(&[]);
+    m.wait_until_drained(Duration::from_secs(30)).await;
+    // A relay re-send: the broker gets readings 10 to 19 twice.
+    m.db.execute_unprepared(
+        "UPDATE outbox SET published_at = NULL WHERE JSON_EXTRACT(payload, '$.n') BETWEEN 10 AND 19",
+    )
+    .await
+    .unwrap();
+    m.wait_until_drained(Duration::from_secs(30)).await;
+    assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+
+    // A consumer that crashed after committing readings 0 to 14, before committing its offsets.
+    let options = ConsumerOptions::new(format!("{}-billing", m.prefix))
+        .backoff(Duration::from_millis(20), Duration::from_millis(200));
+    let inbox = Inbox::new(options.name());
+    for n in 0..15 {
+        let id = m
+            .scalar_text(&format!(
+                "SELECT id FROM outbox WHERE JSON_EXTRACT(payload, '$.n') = {n}"
+            ))
+            .await;
+        let effect = format!(
+            "INSERT INTO effects (event_id, meter, n) VALUES ('{id}', 'm-{}', {n})",
+            n % 5
+        );
+        let outcome = inbox
+            .process(&m.db, id.parse().unwrap(), move |txn| {
+                Box::pin(async move { txn.execute_unprepared(&effect).await.map(drop) })
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome, Processed::Applied(()));
+    }
+
+    let consumer = KafkaConsumer::new(&common::kafka::brokers(), &[&m.topic()], options).unwrap();
+    let mut progress = consumer.progress();
+    // 60 messages: 50 readings, 10 of them twice.
+    let stop = async move {
+        let _ = progress.wait_for(|c| c.applied + c.duplicates >= 60).await;
+    };
+    let apply = handler(|envelope, txn| {
+        Box::pin(async move {
+            let reading: Reading = envelope.decode()?;
+            txn.execute_raw(Statement::from_sql_and_values(
+                DbBackend::MySql,
+                "INSERT INTO effects (event_id, meter, n) VALUES (?, ?, ?)",
+                [
+                    envelope.id.to_string().into(),
+                    reading.meter.into(),
+                    i64::try_from(reading.n).unwrap().into(),
+                ],
+            ))
+            .await?;
+            Ok(())
+        })
+    });
+    let consumed = tokio::time::timeout(Duration::from_secs(90), consumer.run(&m.db, apply, stop))
+        .await
+        .expect("every message consumed within 90 s")
+        .unwrap();
+
+    assert_eq!(
+        m.scalar("SELECT COUNT(*) FROM effects").await,
+        50,
+        "each effect once"
+    );
+    assert_eq!(
+        m.scalar("SELECT COUNT(DISTINCT event_id) FROM effects")
+            .await,
+        50
+    );
+    for meter in 0..5 {
+        let applied = m
+            .scalar_text(&format!(
+                "SELECT GROUP_CONCAT(n ORDER BY pos) FROM effects WHERE meter = 'm-{meter}'"
+            ))
+            .await;
+        let expected: Vec<String> = (0..10).map(|k| (k * 5 + meter).to_string()).collect();
+        assert_eq!(applied, expected.join(","), "meter m-{meter} in order");
+    }
+    assert_eq!(consumed.applied, 35, "{consumed:?}");
+    // 15 applied before the crash; of the 10 re-sent, 5 were among them (seen twice) and 5 not.
+    assert_eq!(consumed.duplicates, 15 + 10, "{consumed:?}");
 }

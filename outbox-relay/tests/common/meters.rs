@@ -6,14 +6,14 @@ use super::Fixture;
 use super::kafka::Received;
 use seaorm_outbox::OutboxEvent;
 use seaorm_outbox::sea_orm::TransactionTrait;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Reading `n` of a meter: the fault tests' event, keyed by its meter.
-#[derive(Serialize, OutboxEvent)]
+#[derive(Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "meter", key = "meter")]
 pub struct Reading {
     pub meter: String,
