@@ -91,9 +91,6 @@ pub async fn measure(
             .await
             .expect("trigger");
     }
-    let acked: Times = Arc::default();
-    let enqueued: Times = Arc::default();
-    let committed: Times = Arc::default();
     let mut config = RelayConfig::new(db.url.clone());
     let mut wal_source = None;
     if wal.is_some() {
@@ -109,6 +106,33 @@ pub async fn measure(
         seaorm_outbox::Recording::Table
     });
     config.wakeup = wakeup;
+    let ready = async {
+        match &wal_source {
+            None => setup::wait_leased(&db).await,
+            Some(source) => setup::wait_slot_read(&db, &source.slot).await,
+        }
+    };
+    let p = through_relay(&db.url, config, brokers, rate, seconds, ready).await;
+    seaorm_outbox::set_recording(seaorm_outbox::Recording::Table);
+    if let Some(source) = &wal_source {
+        crate::wal::drop_slot(&db.url, source).await;
+    }
+    p
+}
+
+/// Runs a relay with `config` (publishing to `brokers`), waits until it is `ready`, records
+/// events on `url` at `rate` for `seconds`, and measures each one's time from commit to ack.
+pub async fn through_relay(
+    url: &str,
+    mut config: RelayConfig,
+    brokers: &str,
+    rate: usize,
+    seconds: u64,
+    ready: impl std::future::Future<Output = ()>,
+) -> Percentiles {
+    let acked: Times = Arc::default();
+    let enqueued: Times = Arc::default();
+    let committed: Times = Arc::default();
     config.retention = None;
     config.topic_template = format!("bench-lat-{}.{{aggregate_type}}", Uuid::now_v7().simple());
     let sink = TimingSink {
@@ -122,13 +146,10 @@ pub async fn measure(
         let shutdown = shutdown.clone();
         async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
-    match &wal_source {
-        None => setup::wait_leased(&db).await,
-        Some(source) => setup::wait_slot_read(&db, &source.slot).await,
-    }
+    ready.await;
 
     let writing = std::time::SystemTime::now();
-    let achieved = write_at_rate(&db.url, rate, seconds, &committed).await;
+    let achieved = write_at_rate(url, rate, seconds, &committed).await;
     let broker_gc = crate::broker_gc::between(writing, std::time::SystemTime::now());
     // Every committed event acked (the WAL source never marks rows, so the table cannot tell).
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -148,10 +169,6 @@ pub async fn measure(
     }
     shutdown.cancel();
     running.await.unwrap();
-    seaorm_outbox::set_recording(seaorm_outbox::Recording::Table);
-    if let Some(source) = &wal_source {
-        crate::wal::drop_slot(&db.url, source).await;
-    }
 
     let committed = committed.lock().unwrap();
     let since_commit = |times: &Times| -> Vec<f64> {

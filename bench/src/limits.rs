@@ -67,7 +67,7 @@ async fn settle(conn: &mut sqlx::PgConnection, ids: &[Uuid], mode: Mode) {
 }
 
 /// Hands every message to the producer; the acks come later.
-async fn enqueue_all(
+pub async fn enqueue_all(
     producer: &FutureProducer,
     topic: &str,
     keys: &[String],
@@ -94,13 +94,18 @@ async fn enqueue_all(
     pending
 }
 
-async fn acked(pending: Vec<DeliveryFuture>) {
+pub async fn acked(pending: Vec<DeliveryFuture>) {
     for delivery in pending {
         delivery.await.expect("delivery").expect("acked");
     }
 }
 
-async fn send_all(producer: &FutureProducer, topic: &str, keys: &[String], payloads: &[String]) {
+pub async fn send_all(
+    producer: &FutureProducer,
+    topic: &str,
+    keys: &[String],
+    payloads: &[String],
+) {
     acked(enqueue_all(producer, topic, keys, payloads).await).await;
 }
 /// Claim-and-mark (or delete) with no broker: rows/s.

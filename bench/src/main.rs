@@ -10,6 +10,7 @@ mod debezium;
 mod drain;
 mod latency;
 mod limits;
+mod mariadb;
 mod null_wal;
 mod processes;
 mod pulsar;
@@ -42,11 +43,15 @@ struct Args {
     /// Pulsar to measure on (the `pulsar` part).
     #[arg(long, env = "PULSAR_URL")]
     pulsar_url: Option<String>,
+    /// MariaDB (or MySQL) to measure on (the `mariadb` part): a URL with a database, whose user
+    /// may create databases.
+    #[arg(long, env = "MARIADB_URL", hide_env_values = true)]
+    mariadb_url: Option<String>,
     /// The outbox-relay binary whose CPU and memory are measured [default: beside this one].
     #[arg(long)]
     relay_bin: Option<PathBuf>,
     /// Run only these parts (repeat): limits, drain, latency, record, resources, pulsar, wal,
-    /// debezium, as-run.
+    /// debezium, as-run, mariadb.
     #[arg(long, value_enum)]
     only: Vec<Part>,
 }
@@ -63,6 +68,8 @@ enum Part {
     Debezium,
     /// The relay binary as users run it, beside the null WAL pipeline and Debezium.
     AsRun,
+    /// The relay on MariaDB against that backend's limits, `record`'s cost there, latency.
+    Mariadb,
 }
 
 /// How much work each part does.
@@ -312,6 +319,27 @@ async fn main() {
             raw_producer: raw,
             relay,
         });
+    }
+
+    if run(Part::Mariadb) {
+        eprintln!("MariaDB...");
+        let url = args.mariadb_url.as_deref().expect(
+            "the mariadb part needs --mariadb-url or MARIADB_URL (scripts/bench starts one)",
+        );
+        report.mariadb = Some(
+            mariadb::measure(
+                url,
+                db,
+                kafka,
+                scale.events,
+                AGGREGATES,
+                scale.batch_sizes,
+                scale.record_iterations,
+                scale.rates[0],
+                scale.latency_seconds,
+            )
+            .await,
+        );
     }
 
     setup::drop_all(db).await;

@@ -25,18 +25,11 @@ enum Extra {
     Events(usize, seaorm_outbox::Recording),
 }
 
-/// Mean microseconds per transaction: business row alone, with one extra statement, with one
-/// `record`, with `record_all` of 10 and of 100 events, in the table and table-less.
+/// Mean microseconds per transaction on PostgreSQL: business row alone, with one extra
+/// statement, with one `record`, with `record_all` of 10 and of 100 events, in the table and
+/// table-less.
 pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
     let db = setup::fresh(base_url).await;
-    let orm = Database::connect(&db.url).await.unwrap();
-    orm.execute_unprepared(
-        "CREATE TABLE bench_orders (id TEXT PRIMARY KEY, total_cents BIGINT NOT NULL)",
-    )
-    .await
-    .unwrap();
-    let mut next = 0u64;
-    let mut results = Vec::new();
     use seaorm_outbox::Recording::{LogicalMessage, Table};
     let cases = [
         Extra::Nothing,
@@ -47,7 +40,39 @@ pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
         Extra::Events(1, LogicalMessage),
         Extra::Events(100, LogicalMessage),
     ];
-    for extra in cases {
+    measure_cases(&db.url, iterations, &cases).await
+}
+
+/// The same on the database at `url` (a fresh one, migrated), in the table only: the cases every
+/// backend has, for comparing backends.
+pub async fn measure_table(url: &str, iterations: usize) -> Vec<(String, f64)> {
+    use seaorm_outbox::Recording::Table;
+    let cases = [
+        Extra::Nothing,
+        Extra::RoundTrip,
+        Extra::Events(1, Table),
+        Extra::Events(10, Table),
+        Extra::Events(100, Table),
+    ];
+    measure_cases(url, iterations, &cases).await
+}
+
+async fn measure_cases(url: &str, iterations: usize, cases: &[Extra]) -> Vec<(String, f64)> {
+    let orm = Database::connect(url).await.unwrap();
+    let backend = orm.get_database_backend();
+    orm.execute_unprepared(
+        "CREATE TABLE bench_orders (id VARCHAR(64) PRIMARY KEY, total_cents BIGINT NOT NULL)",
+    )
+    .await
+    .unwrap();
+    let insert = match backend {
+        DbBackend::Postgres => "INSERT INTO bench_orders (id, total_cents) VALUES ($1, 1999)",
+        _ => "INSERT INTO bench_orders (id, total_cents) VALUES (?, 1999)",
+    };
+    let mut next = 0u64;
+    let mut results = Vec::new();
+    use seaorm_outbox::Recording::{LogicalMessage, Table};
+    for &extra in cases {
         if let Extra::Events(_, recording) = extra {
             seaorm_outbox::set_recording(recording);
         }
@@ -57,8 +82,8 @@ pub async fn measure(base_url: &str, iterations: usize) -> Vec<(String, f64)> {
             let id = format!("o-{next}");
             let txn = orm.begin().await.unwrap();
             txn.execute_raw(Statement::from_sql_and_values(
-                DbBackend::Postgres,
-                "INSERT INTO bench_orders (id, total_cents) VALUES ($1, 1999)",
+                backend,
+                insert,
                 [id.clone().into()],
             ))
             .await

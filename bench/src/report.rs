@@ -61,6 +61,8 @@ pub struct Report {
     /// Drains as users run them (the relay binary), the null WAL pipeline and Debezium, each
     /// publisher once per round.
     pub as_run: Vec<Drained>,
+    /// The `mariadb` part.
+    pub mariadb: Option<crate::mariadb::Measured>,
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -112,6 +114,7 @@ impl Report {
             resources: None,
             pulsar: None,
             as_run: Vec::new(),
+            mariadb: None,
         }
     }
 
@@ -263,6 +266,9 @@ impl Report {
                 p.relay / p.raw_producer
             );
         }
+        if let Some(m) = &self.mariadb {
+            out.push_str(&m.markdown());
+        }
         out
     }
 
@@ -299,6 +305,7 @@ impl Report {
             "pulsar": self.pulsar.as_ref().map(|p| json!({
                 "batch": p.batch, "raw_producer": p.raw_producer, "relay": p.relay,
             })),
+            "mariadb": self.mariadb.as_ref().map(crate::mariadb::Measured::json),
             "as_run": self.as_run.iter().map(|d| json!({
                 "publisher": d.name, "events_per_second": d.events_per_second,
                 "publisher_cpu_us_per_event": d.cpu.publisher_us, "postgres_cpu_us_per_event": d.cpu.postgres_us,
