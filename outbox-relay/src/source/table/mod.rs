@@ -153,6 +153,14 @@ impl OutboxTable {
                     sqlx::raw_sql(mysql::MYSQL_SESSION)
                         .execute(&mut conn)
                         .await?;
+                    let version: String = sqlx::query_scalar("SELECT VERSION()")
+                        .fetch_one(&mut conn)
+                        .await?;
+                    if version.contains("MariaDB") {
+                        sqlx::raw_sql(mysql::MARIADB_SESSION)
+                            .execute(&mut conn)
+                            .await?;
+                    }
                     Ok(OutboxTable::MySql(conn))
                 };
                 crate::database::connected_within(timeout, connect).await
@@ -218,7 +226,6 @@ impl OutboxTable {
                         .bind(shard_mask(shards))
                         .bind(serde_json::to_string(in_flight).unwrap_or_default())
                         .bind(rows)
-                        .bind(payload_bytes)
                         .bind(payload_bytes)
                         .bind(payload_bytes)
                         .bind(batch_bytes)
