@@ -244,10 +244,14 @@ fn fits_mysql_columns(event: &NewEvent) -> Result<()> {
 
 /// MySQL's per-aggregate lock: the row of the aggregate's bucket in `outbox_lock`, held until the
 /// transaction ends. InnoDB has no transaction-scoped advisory lock (`GET_LOCK` outlives a
-/// commit), and a row lock on a fixed table of buckets takes no gap locks. Taken one bucket at a
-/// time in ascending order (one prepared statement, and no deadlock between two writers), before
-/// the insert: a second writer of the aggregate takes its `seq` only after the first has
-/// committed. Two aggregates sharing a bucket only wait for each other.
+/// commit), and a row lock on a fixed table of buckets takes no gap locks. Taken before the
+/// insert, so a second writer of the aggregate takes its `seq` only after the first has committed;
+/// two aggregates sharing a bucket only wait for each other.
+///
+/// All of a call's buckets are locked by one statement (a round trip each cost more than the
+/// insert), read through the primary key in ascending order: the range read visits the sorted
+/// list in key order, locking as it goes, so two writers lock common buckets in the same order
+/// and cannot deadlock. Lists longer than [`LOCK_CHUNK`] go in ascending chunks.
 async fn lock_mysql_aggregates(txn: &DatabaseTransaction, events: &[NewEvent]) -> Result<()> {
     let mut buckets: Vec<i64> = events
         .iter()
@@ -255,16 +259,23 @@ async fn lock_mysql_aggregates(txn: &DatabaseTransaction, events: &[NewEvent]) -
         .collect();
     buckets.sort_unstable();
     buckets.dedup();
-    for bucket in buckets {
+    for chunk in buckets.chunks(LOCK_CHUNK) {
+        let list = vec!["?"; chunk.len()].join(", ");
         txn.execute_raw(Statement::from_sql_and_values(
             DbBackend::MySql,
-            "SELECT bucket FROM outbox_lock WHERE bucket = ? FOR UPDATE",
-            [bucket.into()],
+            format!(
+                "SELECT bucket FROM outbox_lock FORCE INDEX (PRIMARY) WHERE bucket IN ({list}) \
+                 ORDER BY bucket FOR UPDATE"
+            ),
+            chunk.iter().map(|&b| b.into()),
         ))
         .await?;
     }
     Ok(())
 }
+
+/// Buckets locked per statement: far below MySQL's 65,535 placeholders.
+const LOCK_CHUNK: usize = 1_000;
 
 /// The `outbox_lock` bucket of an aggregate: `CRC32(CONCAT(aggregate_type, ':', aggregate_id)) &
 /// 65535`, as writers in other languages compute it in SQL.
