@@ -36,10 +36,10 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     seaorm_outbox::migration::migrate(db).await?;
     db.execute_unprepared(
         "CREATE TABLE IF NOT EXISTS invoices (
-             order_id     TEXT PRIMARY KEY,
-             customer     TEXT NOT NULL,
+             order_id     VARCHAR(64) PRIMARY KEY,
+             customer     VARCHAR(255) NOT NULL,
              amount_cents BIGINT NOT NULL,
-             status       TEXT NOT NULL
+             status       VARCHAR(32) NOT NULL
          )",
     )
     .await?;

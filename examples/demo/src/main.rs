@@ -6,8 +6,9 @@
 //! - `billing-service` consumes the order events and bills each order once, through its inbox.
 //!
 //! `outbox-demo` needs PostgreSQL at `DATABASE_URL` and Kafka at `KAFKA_BROKERS` (`scripts/demo`
-//! starts both on loopback). `outbox-demo --sqlite` needs neither: the order service on SQLite,
-//! and the relay printing what it would publish.
+//! starts both on loopback); `outbox-demo --mariadb` the same story on MariaDB (or MySQL) at
+//! `MARIADB_URL` (`scripts/demo --mariadb`). `outbox-demo --sqlite` needs neither: the order
+//! service on SQLite, and the relay printing what it would publish.
 //!
 //! The three binaries are found beside this one (`cargo build` puts them there).
 //! `OUTBOX_DEMO_TOPIC_TEMPLATE` gives the relay another topic template, so that a test sharing a
@@ -18,7 +19,7 @@ mod services;
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
-use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
+use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use services::{Service, free_address};
 use std::time::{Duration, Instant};
@@ -32,27 +33,70 @@ const PATIENCE: Duration = Duration::from_secs(60);
 async fn main() -> Result<(), AnyError> {
     let told = if std::env::args().any(|a| a == "--sqlite") {
         sqlite_story().await
+    } else if std::env::args().any(|a| a == "--mariadb") {
+        story(Server::MariaDb).await
     } else {
-        story().await
+        story(Server::Postgres).await
     };
     // The services' output was shown where something failed; it goes with them.
     services::remove_logs();
     told
 }
 
-/// The story on PostgreSQL and Kafka.
-async fn story() -> Result<(), AnyError> {
-    let server = std::env::var("DATABASE_URL")
-        .map_err(|_| "DATABASE_URL is not set: run scripts/demo, which starts PostgreSQL")?;
+/// The database server the services' databases are made on.
+#[derive(Clone, Copy, PartialEq)]
+enum Server {
+    Postgres,
+    MariaDb,
+}
+
+impl Server {
+    fn name(self) -> &'static str {
+        match self {
+            Server::Postgres => "PostgreSQL",
+            Server::MariaDb => "MariaDB",
+        }
+    }
+
+    /// The billing service's consumer name (its inbox's and its Kafka group's).
+    fn consumer(self) -> &'static str {
+        match self {
+            Server::Postgres => "billing",
+            Server::MariaDb => "billing-mariadb",
+        }
+    }
+
+    /// The server's URL, from `DATABASE_URL` or `MARIADB_URL`.
+    fn url(self) -> Result<String, AnyError> {
+        let (variable, script) = match self {
+            Server::Postgres => ("DATABASE_URL", "scripts/demo"),
+            Server::MariaDb => ("MARIADB_URL", "scripts/demo --mariadb"),
+        };
+        std::env::var(variable).map_err(|_| {
+            format!(
+                "{variable} is not set: run {script}, which starts {}",
+                self.name()
+            )
+            .into()
+        })
+    }
+}
+
+/// The story on PostgreSQL (or MariaDB) and Kafka.
+async fn story(kind: Server) -> Result<(), AnyError> {
+    let server = kind.url()?;
     let brokers = std::env::var("KAFKA_BROKERS")
         .map_err(|_| "KAFKA_BROKERS is not set: run scripts/demo, which starts Kafka")?;
     let template = std::env::var("OUTBOX_DEMO_TOPIC_TEMPLATE")
         .unwrap_or_else(|_| seaorm_outbox_relay::DEFAULT_TOPIC_TEMPLATE.into());
     let order_topic = template.replace("{aggregate_type}", "order");
 
-    println!("== The shop: two services, a relay, PostgreSQL and Kafka\n");
-    let orders_db = fresh_database(&server, "shop_orders").await?;
-    let billing_db = fresh_database(&server, "shop_billing").await?;
+    println!(
+        "== The shop: two services, a relay, {} and Kafka\n",
+        kind.name()
+    );
+    let orders_db = fresh_database(kind, &server, "shop_orders").await?;
+    let billing_db = fresh_database(kind, &server, "shop_billing").await?;
     services::create_topics(
         &brokers,
         &[&order_topic, "shop.shipping", "billing.dead-letter"],
@@ -69,6 +113,8 @@ async fn story() -> Result<(), AnyError> {
             ("KAFKA_BROKERS", &brokers),
             ("BILLING_ADDR", &billing_addr),
             ("BILLING_TOPIC", &order_topic),
+            // A group of its own per server: stories on two servers may share one Kafka.
+            ("BILLING_CONSUMER", kind.consumer()),
         ],
     )?;
     let relay_addr = free_address()?;
@@ -250,12 +296,14 @@ async fn start_orders(
     Ok((orders, url))
 }
 
-/// A new, empty database `name` on the PostgreSQL server of `server_url`; its URL.
-async fn fresh_database(server_url: &str, name: &str) -> Result<String, AnyError> {
+/// A new, empty database `name` on the server of `server_url`; its URL.
+async fn fresh_database(kind: Server, server_url: &str, name: &str) -> Result<String, AnyError> {
     let server = Database::connect(server_url).await?;
-    server
-        .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .await?;
+    let drop = match kind {
+        Server::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        Server::MariaDb => format!("DROP DATABASE IF EXISTS {name}"),
+    };
+    server.execute_unprepared(&drop).await?;
     server
         .execute_unprepared(&format!("CREATE DATABASE {name}"))
         .await?;
@@ -330,10 +378,15 @@ async fn event_of(
     order_id: &str,
     event_type: &str,
 ) -> Result<String, AnyError> {
+    let backend = db.get_database_backend();
+    let sql = match backend {
+        DbBackend::MySql => "SELECT id FROM outbox WHERE aggregate_id = ? AND event_type = ?",
+        _ => "SELECT id::text FROM outbox WHERE aggregate_id = $1 AND event_type = $2",
+    };
     let row = db
         .query_one_raw(Statement::from_sql_and_values(
-            db.get_database_backend(),
-            "SELECT id::text FROM outbox WHERE aggregate_id = $1 AND event_type = $2",
+            backend,
+            sql,
             [order_id.into(), event_type.into()],
         ))
         .await?

@@ -22,15 +22,8 @@ fn run(demo: &mut Command) -> String {
     stdout
 }
 
-#[test]
-fn the_demo_drives_the_shop_over_http_and_loses_nothing_when_the_relay_is_killed() {
-    let stdout = run(Command::new(env!("CARGO_BIN_EXE_outbox-demo"))
-        .env("DATABASE_URL", env("DATABASE_URL"))
-        .env("KAFKA_BROKERS", env("KAFKA_BROKERS"))
-        .env(
-            "OUTBOX_DEMO_TOPIC_TEMPLATE",
-            format!("demo-{}.{{aggregate_type}}", std::process::id()),
-        ));
+/// What the story on a database server and Kafka shows, step by step.
+fn assert_the_story(stdout: &str) {
     for step in [
         "\n  201 {",
         "\n  422 {\"error\":\"total_cents must be more than 0, got -5\"}",
@@ -52,6 +45,36 @@ fn the_demo_drives_the_shop_over_http_and_loses_nothing_when_the_relay_is_killed
             "the demo should show {step:?}:\n{stdout}"
         );
     }
+}
+
+#[test]
+fn the_demo_drives_the_shop_over_http_and_loses_nothing_when_the_relay_is_killed() {
+    let stdout = run(Command::new(env!("CARGO_BIN_EXE_outbox-demo"))
+        .env("DATABASE_URL", env("DATABASE_URL"))
+        .env("KAFKA_BROKERS", env("KAFKA_BROKERS"))
+        .env(
+            "OUTBOX_DEMO_TOPIC_TEMPLATE",
+            format!("demo-{}.{{aggregate_type}}", std::process::id()),
+        ));
+    assert!(stdout.contains("a relay, PostgreSQL and Kafka"), "{stdout}");
+    assert_the_story(&stdout);
+}
+
+/// The same story with both services' databases on MariaDB.
+#[test]
+fn the_demo_runs_the_same_story_on_mariadb() {
+    let stdout = run(Command::new(env!("CARGO_BIN_EXE_outbox-demo"))
+        .arg("--mariadb")
+        .env("MARIADB_URL", env("MARIADB_URL"))
+        .env("KAFKA_BROKERS", env("KAFKA_BROKERS"))
+        .env(
+            "OUTBOX_DEMO_TOPIC_TEMPLATE",
+            format!("demo-mariadb-{}.{{aggregate_type}}", std::process::id()),
+        ));
+    assert!(stdout.contains("a relay, MariaDB and Kafka"), "{stdout}");
+    assert_the_story(&stdout);
+    let password = env("OUTBOX_MARIADB_PASSWORD");
+    assert!(!stdout.contains(&password), "the demo printed the password");
 }
 
 #[test]

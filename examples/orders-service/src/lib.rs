@@ -46,10 +46,10 @@ pub async fn migrate(db: &DatabaseConnection) -> Result<(), DbErr> {
     seaorm_outbox::migration::migrate(db).await?;
     db.execute_unprepared(
         "CREATE TABLE IF NOT EXISTS orders (
-             id          TEXT PRIMARY KEY,
-             customer    TEXT NOT NULL,
+             id          VARCHAR(64) PRIMARY KEY,
+             customer    VARCHAR(255) NOT NULL,
              total_cents BIGINT NOT NULL,
-             status      TEXT NOT NULL
+             status      VARCHAR(32) NOT NULL
          )",
     )
     .await?;
