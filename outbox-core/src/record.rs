@@ -74,71 +74,129 @@ pub(crate) async fn insert(
         (DbBackend::Postgres, crate::Recording::Table) => POSTGRES_INSERT,
         (DbBackend::Postgres, crate::Recording::LogicalMessage) => POSTGRES_EMIT,
         (DbBackend::Sqlite, crate::Recording::Table) => SQLITE_INSERT,
-        (DbBackend::MySql, crate::Recording::Table) => MYSQL_INSERT,
+        (DbBackend::MySql, crate::Recording::Table) => {
+            return insert_mysql(txn, &events, outbox.max_payload_bytes).await;
+        }
         (DbBackend::Sqlite | DbBackend::MySql, _) => {
             return Err(Error::LogicalMessageUnsupported(backend));
         }
         (other, _) => return Err(Error::UnsupportedBackend(other)),
     };
-    // MySQL's JSON functions would rewrite a payload nested in the parameter (key order,
-    // spacing): there it travels as a JSON string, taken out as text.
-    let nested_as_text = backend == DbBackend::MySql;
     let limit = outbox.max_payload_bytes;
     let mut param = Vec::with_capacity(256 * events.len());
     param.push(b'[');
     for (n, event) in events.iter().enumerate() {
-        if let Some(name) = event
-            .headers
-            .keys()
-            .find(|n| crate::RESERVED_HEADERS.contains(&n.as_str()))
-        {
-            return Err(Error::ReservedHeader {
-                name: name.clone(),
-                event_type: event.event_type.clone(),
-            });
-        }
-        if backend == DbBackend::MySql {
-            fits_mysql_columns(event)?;
-        }
+        refuse_reserved_headers(event)?;
         if n > 0 {
             param.push(b',');
         }
-        write_row(&mut param, event, limit, nested_as_text)?;
+        write_row(&mut param, event, limit)?;
     }
     param.push(b']');
     // Serialized from `Value`s and `String`s: valid UTF-8.
     let param = String::from_utf8(param).expect("serde_json writes UTF-8");
-    if backend == DbBackend::MySql {
-        lock_mysql_aggregates(txn, &events).await?;
-    }
     txn.execute_raw(Statement::from_sql_and_values(backend, sql, [param.into()]))
         .await?;
     Ok(events.iter().map(|e| e.id).collect())
 }
 
-/// Appends `event` as one JSON object of the statement's array parameter. The payload is
-/// serialized once, straight into the parameter, and its size checked against `limit` there; with
-/// `nested_as_text`, the payload and the headers are JSON strings holding their JSON text.
-fn write_row(
-    param: &mut Vec<u8>,
-    event: &NewEvent,
+/// Refuses an event that sets a header the relay sets itself.
+fn refuse_reserved_headers(event: &NewEvent) -> Result<()> {
+    match event
+        .headers
+        .keys()
+        .find(|n| crate::RESERVED_HEADERS.contains(&n.as_str()))
+    {
+        Some(name) => Err(Error::ReservedHeader {
+            name: name.clone(),
+            event_type: event.event_type.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The payload's JSON text, refused over `limit` bytes.
+fn payload_text(event: &NewEvent, limit: usize) -> Result<String> {
+    let text = serde_json::to_string(&event.payload).map_err(|source| Error::Serialize {
+        event_type: event.event_type.clone(),
+        source,
+    })?;
+    if text.len() > limit {
+        return Err(Error::PayloadTooLarge {
+            event_type: event.event_type.clone(),
+            bytes: text.len(),
+            limit,
+        });
+    }
+    Ok(text)
+}
+
+/// Rows per `INSERT` on MySQL: 8 parameters each, far below its 65,535.
+const MYSQL_ROWS_PER_INSERT: usize = 1_000;
+
+/// MySQL and MariaDB: the aggregates locked, then the rows inserted with plain `VALUES`, in order,
+/// the payload and headers bound as the text the application serialized (a `LONGTEXT` column
+/// keeps it byte for byte). Unpacking one JSON array parameter with `JSON_TABLE` cost MariaDB
+/// about 250 µs per statement against 65 for `VALUES`.
+async fn insert_mysql(
+    txn: &DatabaseTransaction,
+    events: &[NewEvent],
     limit: usize,
-    nested_as_text: bool,
-) -> Result<()> {
+) -> Result<Vec<Uuid>> {
+    let mut rows = Vec::with_capacity(events.len());
+    for event in events {
+        refuse_reserved_headers(event)?;
+        fits_mysql_columns(event)?;
+        let headers = if event.headers.is_empty() {
+            None
+        } else {
+            Some(
+                serde_json::to_string(&event.headers).map_err(|source| Error::Serialize {
+                    event_type: event.event_type.clone(),
+                    source,
+                })?,
+            )
+        };
+        rows.push((event, payload_text(event, limit)?, headers));
+    }
+    lock_mysql_aggregates(txn, events).await?;
+    for chunk in rows.chunks(MYSQL_ROWS_PER_INSERT) {
+        let placeholders = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(8 * chunk.len());
+        for (event, payload, headers) in chunk {
+            values.push(event.id.to_string().into());
+            values.push(event.aggregate_type.clone().into());
+            values.push(event.aggregate_id.clone().into());
+            values.push(event.event_type.clone().into());
+            values.push(event.event_version.into());
+            values.push(event.topic.clone().into());
+            values.push(payload.clone().into());
+            values.push(headers.clone().into());
+        }
+        txn.execute_raw(Statement::from_sql_and_values(
+            DbBackend::MySql,
+            format!(
+                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, \
+                 topic, payload, headers) VALUES {placeholders}"
+            ),
+            values,
+        ))
+        .await?;
+    }
+    Ok(events.iter().map(|e| e.id).collect())
+}
+
+/// Appends `event` as one JSON object of the statement's array parameter. The payload is
+/// serialized once, straight into the parameter, and its size checked against `limit` there.
+fn write_row(param: &mut Vec<u8>, event: &NewEvent, limit: usize) -> Result<()> {
     let serialize_error = |source| Error::Serialize {
         event_type: event.event_type.clone(),
         source,
     };
     param.extend_from_slice(br#"{"payload":"#);
-    let bytes = if nested_as_text {
-        let text = serde_json::to_string(&event.payload).map_err(serialize_error)?;
-        serde_json::to_writer(&mut *param, &text).map_err(serialize_error)?;
-        text.len()
-    } else {
-        let start = param.len();
-        serde_json::to_writer(&mut *param, &event.payload).map_err(serialize_error)?;
-        param.len() - start
-    };
+    let start = param.len();
+    serde_json::to_writer(&mut *param, &event.payload).map_err(serialize_error)?;
+    let bytes = param.len() - start;
     if bytes > limit {
         return Err(Error::PayloadTooLarge {
             event_type: event.event_type.clone(),
@@ -154,11 +212,7 @@ fn write_row(
         write_field(param, "event_version", &event.event_version)?;
         write_field(param, "topic", &event.topic)?;
         if !event.headers.is_empty() {
-            if nested_as_text {
-                write_field(param, "headers", &serde_json::to_string(&event.headers)?)?;
-            } else {
-                write_field(param, "headers", &event.headers)?;
-            }
+            write_field(param, "headers", &event.headers)?;
         }
         Ok(())
     };
@@ -286,25 +340,6 @@ pub(crate) fn mysql_lock_bucket(aggregate_type: &str, aggregate_id: &str) -> i64
     hasher.update(aggregate_id.as_bytes());
     i64::from(hasher.finalize() & 0xffff)
 }
-
-/// MySQL 8.0 and MariaDB 10.6 both read the array with `JSON_TABLE`; payload and headers come out
-/// of their JSON strings as the text the application serialized. Every text column names
-/// utf8mb4: MariaDB's `JSON_TABLE` columns are utf8mb3 otherwise, and turn an emoji into `?`.
-const MYSQL_INSERT: &str = r#"
-INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic, payload, headers)
-SELECT j.id, j.aggregate_type, j.aggregate_id, j.event_type, j.event_version, j.topic, j.payload, j.headers
-FROM JSON_TABLE(?, '$[*]' COLUMNS (
-    n FOR ORDINALITY,
-    id CHAR(36) CHARACTER SET ascii PATH '$.id',
-    aggregate_type VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.aggregate_type',
-    aggregate_id VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.aggregate_id',
-    event_type VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.event_type',
-    event_version INT PATH '$.event_version',
-    topic VARCHAR(255) CHARACTER SET utf8mb4 PATH '$.topic',
-    payload LONGTEXT CHARACTER SET utf8mb4 PATH '$.payload',
-    headers TEXT CHARACTER SET utf8mb4 PATH '$.headers')) AS j
-ORDER BY j.n
-"#;
 
 #[cfg(test)]
 mod tests {
