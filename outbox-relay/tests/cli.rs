@@ -4,13 +4,31 @@
 mod common;
 
 use common::{Fixture, relay_command};
-use std::process::Output;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
 
+/// Runs the binary to its end; a command that should end at once but keeps running (a refusal
+/// turned into retries) fails the test after a minute instead of hanging it.
 fn run(args: &[&str]) -> Output {
-    relay_command()
+    let mut child = relay_command()
         .args(args)
-        .output()
-        .expect("run outbox-relay")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run outbox-relay");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait().expect("wait for outbox-relay").is_none() {
+        if Instant::now() > deadline {
+            child.kill().ok();
+            let output = child.wait_with_output().expect("collect outbox-relay");
+            panic!(
+                "{args:?} still ran after a minute; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("collect outbox-relay")
 }
 
 /// Asserts exit code 2 and a single stderr line containing `needle`; returns the line.
@@ -163,6 +181,28 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
             "stdout",
         ],
         "needs PostgreSQL",
+    );
+    // MySQL has neither LISTEN/NOTIFY nor the WAL: both refused at once, not retried forever.
+    for extra in [["--wakeup", "notify"], ["--source", "wal"]] {
+        let line = usage_error(
+            &[
+                &["run", "--database-url", "mysql://u:mysql-secret-9@db/shop"][..],
+                &extra[..],
+                &["--sink", "stdout"][..],
+            ]
+            .concat(),
+            "needs PostgreSQL",
+        );
+        assert!(!line.contains("mysql-secret-9"), "{line}");
+    }
+    usage_error(
+        &[
+            "migrate",
+            "--database-url",
+            "mysql://u:mysql-secret-9@db/shop",
+            "--notify-trigger",
+        ],
+        "--notify-trigger needs PostgreSQL",
     );
 
     usage_error(

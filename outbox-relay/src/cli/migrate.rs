@@ -13,7 +13,7 @@ pub(super) async fn migrate(
     notify_trigger: bool,
 ) -> Result<ExitCode, UsageError> {
     let url = settings.database_url()?;
-    if notify_trigger && Backend::of(&url) == Backend::Sqlite {
+    if notify_trigger && Backend::of(&url) != Backend::Postgres {
         return Err(UsageError("--notify-trigger needs PostgreSQL".into()));
     }
     Ok(match apply(&url, notify_trigger).await {

@@ -373,13 +373,14 @@ impl Settings {
                     }
                     source.window_bytes = bytes;
                 }
-                if Backend::of(&config.database_url) == Backend::Sqlite {
+                if Backend::of(&config.database_url) != Backend::Postgres {
                     return Err(UsageError("--source wal needs PostgreSQL".into()));
                 }
                 crate::Source::Wal(source)
             }
         };
-        if config.wakeup == Wakeup::Notify && Backend::of(&config.database_url) == Backend::Sqlite {
+        if config.wakeup == Wakeup::Notify && Backend::of(&config.database_url) != Backend::Postgres
+        {
             return Err(UsageError("--wakeup notify needs PostgreSQL".into()));
         }
         Ok(config)
