@@ -159,6 +159,11 @@ async fn insert_mysql(
         };
         rows.push((event, payload_text(event, limit)?, headers));
     }
+    if rows.len() == 1
+        && let Some((event, payload, headers)) = rows.pop()
+    {
+        return insert_one_mysql(txn, event, payload, headers).await;
+    }
     lock_mysql_aggregates(txn, events).await?;
     for chunk in rows.chunks(MYSQL_ROWS_PER_INSERT) {
         let placeholders = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
@@ -184,6 +189,37 @@ async fn insert_mysql(
         .await?;
     }
     Ok(events.iter().map(|e| e.id).collect())
+}
+
+/// One event on MySQL: the aggregate's lock and the row in one statement, one round trip instead
+/// of two (about 60 µs of a 250 µs `record` on MariaDB). The locking read of the bucket's row
+/// comes before the row is written, and so before InnoDB gives it its `seq`, as in
+/// [`lock_mysql_aggregates`].
+async fn insert_one_mysql(
+    txn: &DatabaseTransaction,
+    event: &NewEvent,
+    payload: String,
+    headers: Option<String>,
+) -> Result<Vec<Uuid>> {
+    txn.execute_raw(Statement::from_sql_and_values(
+        DbBackend::MySql,
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic, \
+         payload, headers) \
+         SELECT ?, ?, ?, ?, ?, ?, ?, ? FROM outbox_lock WHERE bucket = ? FOR UPDATE",
+        [
+            event.id.to_string().into(),
+            event.aggregate_type.clone().into(),
+            event.aggregate_id.clone().into(),
+            event.event_type.clone().into(),
+            event.event_version.into(),
+            event.topic.clone().into(),
+            payload.into(),
+            headers.into(),
+            mysql_lock_bucket(&event.aggregate_type, &event.aggregate_id).into(),
+        ],
+    ))
+    .await?;
+    Ok(vec![event.id])
 }
 
 /// Appends `event` as one JSON object of the statement's array parameter. The payload is
