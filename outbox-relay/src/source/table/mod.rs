@@ -369,22 +369,31 @@ pub(crate) fn shard_mask(shards: &[i16]) -> Vec<u8> {
 }
 
 impl OutboxTable {
-    /// Records the outcome of a batch, in one short transaction.
+    /// Records the outcome of a batch: on its own when it is one statement (a batch all
+    /// published, nearly every batch: a transaction's `BEGIN` and `COMMIT` were two more round
+    /// trips per batch), else in one short transaction.
     pub async fn settle(&mut self, outcome: &Outcome, mode: Mode) -> Result<(), sqlx::Error> {
-        if outcome.published.is_empty() && outcome.failed.is_empty() && outcome.parked.is_empty() {
+        let statements = usize::from(!outcome.published.is_empty())
+            + outcome.failed.len()
+            + outcome.parked.len();
+        let alone = statements == 1;
+        if statements == 0 {
             return Ok(());
         }
         match self {
+            OutboxTable::Postgres(conn) if alone => postgres::settle(conn, outcome, mode).await,
             OutboxTable::Postgres(conn) => {
                 let mut tx = conn.begin().await?;
                 postgres::settle(&mut tx, outcome, mode).await?;
                 tx.commit().await
             }
+            OutboxTable::Sqlite(conn) if alone => sqlite::settle(conn, outcome, mode).await,
             OutboxTable::Sqlite(conn) => {
                 let mut tx = conn.begin().await?;
                 sqlite::settle(&mut tx, outcome, mode).await?;
                 tx.commit().await
             }
+            OutboxTable::MySql(conn) if alone => mysql::settle(conn, outcome, mode).await,
             OutboxTable::MySql(conn) => {
                 let mut tx = conn.begin().await?;
                 mysql::settle(&mut tx, outcome, mode).await?;

@@ -43,15 +43,19 @@ pub(super) async fn settle(
     outcome: &Outcome,
     mode: Mode,
 ) -> Result<(), sqlx::Error> {
-    for key in &outcome.published {
+    if !outcome.published.is_empty() {
+        let seqs: Vec<i64> = outcome.published.iter().map(|key| key.seq).collect();
         let sql = match mode {
             Mode::Mark => {
                 "UPDATE outbox SET published_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), retry_at = NULL \
-                 WHERE seq = ?1"
+                 WHERE seq IN (SELECT value FROM json_each(?1))"
             }
-            Mode::Delete => "DELETE FROM outbox WHERE seq = ?1",
+            Mode::Delete => "DELETE FROM outbox WHERE seq IN (SELECT value FROM json_each(?1))",
         };
-        sqlx::query(sql).bind(key.seq).execute(&mut *tx).await?;
+        sqlx::query(sql)
+            .bind(serde_json::to_string(&seqs).expect("integers serialize"))
+            .execute(&mut *tx)
+            .await?;
     }
     for (key, error, retry_in) in &outcome.failed {
         sqlx::query(
