@@ -245,6 +245,14 @@ async fn a_poison_row_is_parked_and_holds_its_aggregate_while_others_flow() {
         list.contains("meter:q ") && list.contains("payload is not valid JSON"),
         "{list}"
     );
+    // p's second reading waits behind its parked first one: the backlog, and the oldest.
+    let status = m.command(&["status"]);
+    assert!(
+        status.contains("backlog:            1 events")
+            && status.contains("parked:             2 events")
+            && !status.contains("oldest unpublished: none"),
+        "{status}"
+    );
 
     m.command(&[
         "failed",
