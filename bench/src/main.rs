@@ -82,6 +82,8 @@ struct Scale {
     record_iterations: usize,
     /// Rounds of the as-run drains, interleaved.
     rounds: usize,
+    /// Rounds of the MariaDB drains (their ratios spread more from one run to the next).
+    mariadb_rounds: usize,
 }
 
 const AGGREGATES: usize = 1000;
@@ -98,6 +100,7 @@ async fn main() {
             latency_seconds: 1,
             record_iterations: 20,
             rounds: 1,
+            mariadb_rounds: 1,
         }
     } else {
         Scale {
@@ -108,6 +111,7 @@ async fn main() {
             latency_seconds: 10,
             record_iterations: 2000,
             rounds: 2,
+            mariadb_rounds: 3,
         }
     };
     let (db, kafka) = (args.database_url.as_str(), args.kafka_brokers.as_str());
@@ -337,6 +341,7 @@ async fn main() {
                 scale.record_iterations,
                 scale.rates[0],
                 scale.latency_seconds,
+                scale.mariadb_rounds,
             )
             .await,
         );

@@ -15,20 +15,39 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// One batch size and mode: events/s of the raw SQL, the pipelined null pipeline, the relay.
+/// One batch size and mode: events/s of the raw SQL, the pipelined null pipeline and the relay,
+/// one of each per round (the three measured in turn, each round after the last).
 pub struct DrainRow {
     pub batch: usize,
     pub mode: Mode,
-    pub raw_sql: f64,
-    pub pipelined_null: f64,
-    pub relay: f64,
+    pub raw_sql: Vec<f64>,
+    pub pipelined_null: Vec<f64>,
+    pub relay: Vec<f64>,
+}
+
+impl DrainRow {
+    /// Each round's relay / pipelined null, as measured side by side.
+    fn ratios(&self) -> Vec<f64> {
+        self.relay
+            .iter()
+            .zip(&self.pipelined_null)
+            .map(|(relay, null)| relay / null)
+            .collect()
+    }
+}
+
+/// The median of `values` (the upper one of an even count); 0 for none.
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// What the MariaDB part measured.
 pub struct Measured {
     pub drains: Vec<DrainRow>,
-    /// Mean µs per transaction, (case, MariaDB, PostgreSQL).
-    pub record_cost: Vec<(String, f64, f64)>,
+    /// Mean µs per transaction, one per round: (case, MariaDB, PostgreSQL).
+    pub record_cost: Vec<(String, Vec<f64>, Vec<f64>)>,
     pub latency: Percentiles,
 }
 
@@ -280,41 +299,56 @@ pub async fn measure(
     record_iterations: usize,
     rate: usize,
     latency_seconds: u64,
+    rounds: usize,
 ) -> Measured {
     let mut created = Vec::new();
     let mut drains = Vec::new();
     for &batch in batch_sizes {
         for mode in [Mode::Mark, Mode::Delete] {
-            let mut drained = Vec::new();
-            for step in 0..3 {
-                let db = fresh(admin_url, &mut created).await;
-                fill(&db, events, aggregates).await;
-                drained.push(match step {
-                    0 => raw_sql(&db, events, batch, mode).await,
-                    1 => pipelined_null_pipeline(&db, brokers, events, batch, mode).await,
-                    _ => relay_drain(&db, brokers, events, batch, mode).await,
-                });
-                db.pool.close().await;
-            }
-            drains.push(DrainRow {
+            let mut row = DrainRow {
                 batch,
                 mode,
-                raw_sql: drained[0],
-                pipelined_null: drained[1],
-                relay: drained[2],
-            });
+                raw_sql: Vec::new(),
+                pipelined_null: Vec::new(),
+                relay: Vec::new(),
+            };
+            for _ in 0..rounds {
+                for step in 0..3 {
+                    let db = fresh(admin_url, &mut created).await;
+                    fill(&db, events, aggregates).await;
+                    match step {
+                        0 => row.raw_sql.push(raw_sql(&db, events, batch, mode).await),
+                        1 => row
+                            .pipelined_null
+                            .push(pipelined_null_pipeline(&db, brokers, events, batch, mode).await),
+                        _ => row
+                            .relay
+                            .push(relay_drain(&db, brokers, events, batch, mode).await),
+                    }
+                    db.pool.close().await;
+                }
+            }
+            drains.push(row);
         }
     }
 
-    let db = fresh(admin_url, &mut created).await;
-    let on_mariadb = record_cost::measure_table(&db.url, record_iterations).await;
-    let postgres = crate::setup::fresh(postgres_url).await;
-    let on_postgres = record_cost::measure_table(&postgres.url, record_iterations).await;
-    let record_cost = on_mariadb
-        .into_iter()
-        .zip(on_postgres)
-        .map(|((case, mariadb), (_, postgres))| (case, mariadb, postgres))
-        .collect();
+    // The two servers in turn, each round: their means drift together with the machine's load.
+    let mut record_cost: Vec<(String, Vec<f64>, Vec<f64>)> = Vec::new();
+    for _ in 0..rounds {
+        let db = fresh(admin_url, &mut created).await;
+        let on_mariadb = record_cost::measure_table(&db.url, record_iterations).await;
+        let postgres = crate::setup::fresh(postgres_url).await;
+        let on_postgres = record_cost::measure_table(&postgres.url, record_iterations).await;
+        for (i, ((case, mariadb), (_, postgres))) in
+            on_mariadb.into_iter().zip(on_postgres).enumerate()
+        {
+            if record_cost.len() <= i {
+                record_cost.push((case, Vec::new(), Vec::new()));
+            }
+            record_cost[i].1.push(mariadb);
+            record_cost[i].2.push(postgres);
+        }
+    }
 
     let db = fresh(admin_url, &mut created).await;
     let config = RelayConfig::new(&db.url);
@@ -350,44 +384,70 @@ impl Measured {
     /// The part's tables.
     pub fn markdown(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "\n### MariaDB (1 relay, in process)\n");
+        let rounds = self.drains.first().map_or(0, |d| d.relay.len());
         let _ = writeln!(
             out,
-            "| batch | mode | raw SQL rows/s | pipelined null pipeline | relay events/s | relay / pipelined null |"
+            "\n### MariaDB (1 relay, in process; medians of {rounds} rounds)\n"
         );
-        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|");
+        let _ = writeln!(
+            out,
+            "| batch | mode | raw SQL rows/s | pipelined null pipeline | relay events/s | relay / pipelined null | its range |"
+        );
+        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---|");
         for d in &self.drains {
             let mode = match d.mode {
                 Mode::Mark => "mark",
                 Mode::Delete => "delete",
             };
+            let ratios = d.ratios();
+            let (low, high) = ratios
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
             let _ = writeln!(
                 out,
-                "| {} | {mode} | {:.0} | {:.0} | {:.0} | {:.2} |",
+                "| {} | {mode} | {:.0} | {:.0} | {:.0} | {:.2} | {low:.2}-{high:.2} |",
                 d.batch,
-                d.raw_sql,
-                d.pipelined_null,
-                d.relay,
-                d.relay / d.pipelined_null
+                median(&d.raw_sql),
+                median(&d.pipelined_null),
+                median(&d.relay),
+                median(&ratios),
             );
         }
         let _ = writeln!(
             out,
-            "\n`record` in a one-row transaction, mean µs per transaction:\n"
+            "\n`record` in a one-row transaction, mean µs per transaction (medians of {rounds} rounds):\n"
         );
         let _ = writeln!(out, "| transaction | MariaDB | PostgreSQL |");
         let _ = writeln!(out, "|---|---:|---:|");
         for (case, mariadb, postgres) in &self.record_cost {
-            let _ = writeln!(out, "| {case} | {mariadb:.0} | {postgres:.0} |");
+            let _ = writeln!(
+                out,
+                "| {case} | {:.0} | {:.0} |",
+                median(mariadb),
+                median(postgres)
+            );
         }
         if let (Some((_, m0, p0)), Some((_, m1, p1))) =
             (self.record_cost.first(), self.record_cost.get(2))
         {
+            let adds = |alone: &[f64], with: &[f64]| -> Vec<f64> {
+                with.iter().zip(alone).map(|(w, a)| w - a).collect()
+            };
+            let (on_mariadb, on_postgres) = (adds(m0, m1), adds(p0, p1));
+            let rounds = |values: &[f64]| {
+                values
+                    .iter()
+                    .map(|v| format!("{v:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
             let _ = writeln!(
                 out,
-                "\nOne `record` adds {:.0} µs on MariaDB, {:.0} µs on PostgreSQL.",
-                m1 - m0,
-                p1 - p0
+                "\nOne `record` adds {:.0} µs on MariaDB ({} by round), {:.0} µs on PostgreSQL ({}).",
+                median(&on_mariadb),
+                rounds(&on_mariadb),
+                median(&on_postgres),
+                rounds(&on_postgres),
             );
         }
         let p = &self.latency;
@@ -406,6 +466,7 @@ impl Measured {
                 "batch": d.batch,
                 "mode": match d.mode { Mode::Mark => "mark", Mode::Delete => "delete" },
                 "raw_sql": d.raw_sql, "pipelined_null_pipeline": d.pipelined_null, "relay": d.relay,
+                "relay_to_pipelined_null": d.ratios(),
             })).collect::<Vec<_>>(),
             "record_cost_us": self.record_cost.iter().map(|(case, m, p)| serde_json::json!({
                 "transaction": case, "mariadb": m, "postgres": p,
