@@ -157,6 +157,10 @@ impl WalStream {
                 e.into()
             });
         }
+        sqlx::query(slot::LOCK_AS_READER)
+            .bind(&source.slot)
+            .execute(&mut db)
+            .await?;
         let walsender_pid: Option<i32> =
             sqlx::query_scalar("SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1")
                 .bind(&source.slot)
@@ -476,6 +480,10 @@ impl Source for WalStream {
             .execute(&mut self.db)
             .await?;
         }
+        sqlx::query(slot::UNLOCK_AS_READER)
+            .bind(&self.slot)
+            .execute(&mut self.db)
+            .await?;
         tracing::info!(slot = %self.slot, "stopped reading the WAL");
         Ok(())
     }

@@ -125,7 +125,7 @@ pub async fn to_polling(
 }
 
 /// Waits until the WAL relays reading the slot have confirmed everything before `start_lsn` and
-/// have stopped.
+/// have stopped, their last confirmation included.
 async fn wait_for_the_wal_relays(
     db: &mut PgConnection,
     source: &WalSource,
@@ -145,9 +145,18 @@ async fn wait_for_the_wal_relays(
         .bind(start_lsn)
         .fetch_optional(&mut *db)
         .await?;
-        let Some((true, behind)) = state else {
+        let Some((active, behind)) = state else {
             return Ok(());
         };
+        if !active {
+            let no_reader: bool = sqlx::query_scalar(slot::NO_READER)
+                .bind(&source.slot)
+                .fetch_one(&mut *db)
+                .await?;
+            if no_reader {
+                return Ok(());
+            }
+        }
         if behind == 0 && !read_up {
             read_up = true;
             progress(
