@@ -434,7 +434,7 @@ impl Measured {
                 with.iter().zip(alone).map(|(w, a)| w - a).collect()
             };
             let (on_mariadb, on_postgres) = (adds(m0, m1), adds(p0, p1));
-            let rounds = |values: &[f64]| {
+            let by_round = |values: &[f64]| {
                 values
                     .iter()
                     .map(|v| format!("{v:.0}"))
@@ -445,9 +445,9 @@ impl Measured {
                 out,
                 "\nOne `record` adds {:.0} µs on MariaDB ({} by round), {:.0} µs on PostgreSQL ({}).",
                 median(&on_mariadb),
-                rounds(&on_mariadb),
+                by_round(&on_mariadb),
                 median(&on_postgres),
-                rounds(&on_postgres),
+                by_round(&on_postgres),
             );
         }
         let p = &self.latency;

@@ -208,19 +208,27 @@ fn ignore_duplicate<T>(result: Result<T, sqlx::Error>) -> Result<(), sqlx::Error
     }
 }
 
-/// The relay reading a slot holds this session lock (shared, keyed by the slot's name) until it has
-/// confirmed its last position after its stream stopped: the slot shows inactive before that last
-/// confirmation, so `wal to-polling` waits for the lock too, or it would take events the relay
+/// The key of the session lock a relay holds, shared, while it reads slot `$1`: it lets go once it
+/// has confirmed its last position after its stream stopped. The slot shows inactive before that
+/// last confirmation, so `wal to-polling` waits for the lock too, or it would take events the relay
 /// published for unread ones and have the polling relays send them again.
+macro_rules! reader_key {
+    () => {
+        "hashtextextended('outbox-relay wal reader ' || $1, 0)"
+    };
+}
 pub(super) const LOCK_AS_READER: &str =
-    "SELECT pg_advisory_lock_shared(hashtextextended('outbox-relay wal reader ' || $1, 0))";
+    concat!("SELECT pg_advisory_lock_shared(", reader_key!(), ")");
 pub(super) const UNLOCK_AS_READER: &str =
-    "SELECT pg_advisory_unlock_shared(hashtextextended('outbox-relay wal reader ' || $1, 0))";
+    concat!("SELECT pg_advisory_unlock_shared(", reader_key!(), ")");
 /// Whether no relay holds [`LOCK_AS_READER`] (taken and let go at once; `CASE` orders the two).
-pub(super) const NO_READER: &str = "
-SELECT CASE WHEN pg_try_advisory_lock(hashtextextended('outbox-relay wal reader ' || $1, 0))
-            THEN pg_advisory_unlock(hashtextextended('outbox-relay wal reader ' || $1, 0))
-            ELSE false END";
+pub(super) const NO_READER: &str = concat!(
+    "SELECT CASE WHEN pg_try_advisory_lock(",
+    reader_key!(),
+    ") THEN pg_advisory_unlock(",
+    reader_key!(),
+    ") ELSE false END"
+);
 
 /// Live polling relays of this outbox table: their membership locks (see `source/table/leases.rs`).
 pub(super) const POLLING_RELAYS: &str = "
