@@ -469,6 +469,22 @@ impl Source for WalStream {
             self.confirm_to(lsn, commit_ms);
         }
         let _ = self.wal.shutdown().await;
+        // Our walsender may outlive the stream for a moment, and the slot cannot be advanced while
+        // it holds it: wait (briefly) until it let go.
+        for _ in 0..100 {
+            let ours: Option<bool> = sqlx::query_scalar(
+                "SELECT active_pid IS NOT DISTINCT FROM $2 AND active FROM pg_replication_slots
+                 WHERE slot_name = $1",
+            )
+            .bind(&self.slot)
+            .bind(self.walsender_pid)
+            .fetch_optional(&mut self.db)
+            .await?;
+            if ours != Some(true) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         // The stream may stop before its last status update reached the server: confirm it here.
         if self.confirmed > Lsn::ZERO {
             sqlx::query(
