@@ -144,12 +144,35 @@ impl Report {
             }
         );
         let _ = writeln!(out, "Machine: {}.", machine());
-        let _ = writeln!(
+        // A part left out by `--only` prints nothing, not an empty table or a zero.
+        let _ = write!(
             out,
-            "Backlog: {} events over {} aggregates, payload {:.0} bytes. Raw producer (batches of 500): {:.0} msgs/s.\n",
-            self.events, self.aggregates, self.payload_bytes, self.raw_producer
+            "Backlog: {} events over {} aggregates, payload {:.0} bytes.",
+            self.events, self.aggregates, self.payload_bytes
         );
-        let _ = writeln!(out, "### Draining a backlog (events/s acked by Kafka)\n");
+        if self.raw_producer > 0.0 {
+            let _ = write!(
+                out,
+                " Raw producer (batches of 500): {:.0} msgs/s.",
+                self.raw_producer
+            );
+        }
+        let _ = writeln!(out);
+        if !self.limits.is_empty() {
+            self.drain_table(&mut out);
+        }
+        if !self.latency.is_empty() {
+            self.latency_table(&mut out);
+        }
+        if !self.record_cost.is_empty() {
+            self.record_table(&mut out);
+        }
+        self.later_sections(&mut out);
+        out
+    }
+
+    fn drain_table(&self, out: &mut String) {
+        let _ = writeln!(out, "\n### Draining a backlog (events/s acked by Kafka)\n");
         let _ = writeln!(
             out,
             "| batch | mode | raw SQL | null pipeline, serial | null pipeline, pipelined | relay, 1 replica | relay, 2 replicas | efficiency (1 replica / pipelined null) | efficiency (1 replica / serial null) |"
@@ -174,6 +197,9 @@ impl Report {
                 efficiency(r.null_pipeline),
             );
         }
+    }
+
+    fn latency_table(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "\n### Latency, commit to broker ack (as the relay sees it)\n"
@@ -196,6 +222,9 @@ impl Report {
                 p.offered, p.achieved, p.p50_ms, p.p95_ms, p.p99_ms
             );
         }
+    }
+
+    fn record_table(&self, out: &mut String) {
         let _ = writeln!(out, "\n### record() in a one-row business transaction\n");
         let _ = writeln!(out, "| transaction | mean µs | ratio to business alone |");
         let _ = writeln!(out, "|---|---:|---:|");
@@ -203,6 +232,9 @@ impl Report {
         for (label, us) in &self.record_cost {
             let _ = writeln!(out, "| {label} | {us:.0} | {:.2} |", us / base);
         }
+    }
+
+    fn later_sections(&self, out: &mut String) {
         if let Some(r) = &self.resources {
             let _ = writeln!(out, "\n### The relay binary (1 replica, batch 500, mark)\n");
             let _ = writeln!(
@@ -269,7 +301,6 @@ impl Report {
         if let Some(m) = &self.mariadb {
             out.push_str(&m.markdown());
         }
-        out
     }
 
     pub fn json(&self) -> String {
@@ -398,5 +429,31 @@ impl Report {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_left_out_print_no_section_and_no_zero() {
+        let mut report = Report::new(false, 1000, 10);
+        report
+            .record_cost
+            .push(("business alone".to_owned(), 100.0));
+        let text = report.markdown();
+        assert!(text.contains("### record() in a one-row business transaction"));
+        assert!(!text.contains("Raw producer"), "{text}");
+        assert!(!text.contains("### Draining a backlog"), "{text}");
+        assert!(!text.contains("### Latency"), "{text}");
+
+        report.raw_producer = 1234.0;
+        report
+            .limits
+            .push(Row::limit(500, Mode::Mark, 1.0, 2.0, 3.0));
+        let text = report.markdown();
+        assert!(text.contains("Raw producer (batches of 500): 1234 msgs/s."));
+        assert!(text.contains("### Draining a backlog"));
     }
 }
