@@ -1,6 +1,7 @@
 //! No secret is ever printed: a distinctive secret in every place a secret can be given (the
 //! database URL's user-info and `password=` parameter, librdkafka's `sasl.password`,
-//! `ssl.key.password` and `sasl.oauthbearer.client.secret`, a Pulsar token), from flags, the
+//! `ssl.key.password` and `sasl.oauthbearer.client.secret`, a Pulsar token, a NATS token and the
+//! password in a NATS URL), from flags, the
 //! environment and files, reaches none of stdout, stderr, `/metrics` or `/readyz` of the relay and
 //! of `status`, `failed` and `migrate`, at debug level, in human and JSON logs, with a failing
 //! database and a refusing broker.
@@ -155,6 +156,28 @@ async fn no_secret_reaches_any_output() {
         printed
             .relay(
                 &format!("{format} relay, refusing pulsar"),
+                relay,
+                "events wait, untouched",
+            )
+            .await;
+        let nats_url = std::env::var("NATS_URL")
+            .expect("NATS_URL is not set: scripts/services start nats (scripts/test does)");
+        let nats = vec![
+            "--sink".to_owned(),
+            "nats".into(),
+            "--nats-url".into(),
+            nats_url.replacen("nats://", &format!("nats://relay:{secret}@"), 1),
+        ];
+        let relay = Relay::start_on(
+            &working_db,
+            &f.template,
+            &with_format(nats),
+            &[("NATS_TOKEN".to_owned(), secret.clone())],
+            "debug",
+        );
+        printed
+            .relay(
+                &format!("{format} relay, refusing nats"),
                 relay,
                 "events wait, untouched",
             )

@@ -60,7 +60,7 @@ pub(super) struct DatabaseArgs {
 /// log_format = "human"       # or "json"
 ///
 /// [sink]
-/// type = "kafka"             # or "pulsar", "stdout"
+/// type = "kafka"             # or "pulsar", "nats", "stdout"
 /// brokers = "kafka-1:9093,kafka-2:9093"
 /// options = { "security.protocol" = "SASL_SSL", "sasl.mechanism" = "SCRAM-SHA-512",
 ///             "sasl.username" = "relay", "sasl.password" = "${KAFKA_PASSWORD}" }
@@ -254,6 +254,70 @@ pub(super) struct SinkSettings {
     #[cfg(feature = "pulsar-oauth2")]
     #[arg(long = "pulsar-oauth2-scope", help_heading = "Pulsar sink")]
     pub oauth2_scope: Option<String>,
+
+    /// NATS servers, nats://host:port or tls://host:port, comma-separated; a user:password@ in
+    /// the URL logs in as that user.
+    #[cfg(feature = "nats")]
+    #[arg(
+        long = "nats-url",
+        env = "NATS_URL",
+        hide_env_values = true,
+        help_heading = "NATS sink"
+    )]
+    pub nats_url: Option<Secret>,
+    /// NATS authentication token.
+    #[cfg(feature = "nats")]
+    #[arg(
+        long = "nats-token",
+        env = "NATS_TOKEN",
+        hide_env_values = true,
+        help_heading = "NATS sink"
+    )]
+    pub nats_token: Option<Secret>,
+    /// A file holding the NATS token, such as a mounted secret.
+    #[cfg(feature = "nats")]
+    #[arg(
+        long = "nats-token-file",
+        env = "NATS_TOKEN_FILE",
+        help_heading = "NATS sink"
+    )]
+    pub nats_token_file: Option<PathBuf>,
+    /// A NATS credentials file (a user JWT and its NKey seed, as `nsc` writes them).
+    #[cfg(feature = "nats")]
+    #[arg(
+        long = "nats-credentials-file",
+        env = "NATS_CREDENTIALS_FILE",
+        help_heading = "NATS sink"
+    )]
+    pub nats_credentials_file: Option<PathBuf>,
+    /// An NKey seed: only from a file (`--nats-nkey-seed-file`) or the config file.
+    #[cfg(feature = "nats")]
+    #[arg(skip)]
+    pub nats_nkey_seed: Option<Secret>,
+    /// A file holding the NKey seed to log in with.
+    #[cfg(feature = "nats")]
+    #[arg(
+        long = "nats-nkey-seed-file",
+        env = "NATS_NKEY_SEED_FILE",
+        help_heading = "NATS sink"
+    )]
+    pub nats_nkey_seed_file: Option<PathBuf>,
+    /// PEM file of the certificate authorities trusted for the server [default: the system's].
+    #[cfg(feature = "nats")]
+    #[arg(
+        long = "nats-tls-ca-file",
+        env = "NATS_TLS_CA_FILE",
+        help_heading = "NATS sink"
+    )]
+    pub nats_tls_ca_file: Option<PathBuf>,
+    /// A client certificate (PEM), for servers that verify clients; with `--nats-tls-client-key`.
+    #[cfg(feature = "nats")]
+    #[arg(long = "nats-tls-client-cert", help_heading = "NATS sink")]
+    pub nats_tls_client_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[cfg(feature = "nats")]
+    #[arg(long = "nats-tls-client-key", help_heading = "NATS sink")]
+    pub nats_tls_client_key: Option<PathBuf>,
 }
 
 impl Settings {
@@ -448,6 +512,36 @@ impl Settings {
                     connection.tls_allow_insecure = insecure;
                 }
                 Ok(SinkConfig::Pulsar(pulsar))
+            }
+            #[cfg(feature = "nats")]
+            SinkKind::Nats => {
+                let url = sink
+                    .nats_url
+                    .as_ref()
+                    .map(Secret::expose)
+                    .unwrap_or_default();
+                if url.trim().is_empty() {
+                    return Err(UsageError(
+                        "the nats sink needs a server URL: --nats-url, NATS_URL or `nats_url` in [sink]".into(),
+                    ));
+                }
+                let mut nats = crate::sink::nats::NatsConfig::new(url);
+                nats.token = sink.nats_token.clone();
+                nats.nkey_seed = sink.nats_nkey_seed.clone();
+                nats.credentials_file = sink.nats_credentials_file.clone();
+                nats.tls_ca_file = sink.nats_tls_ca_file.clone();
+                nats.tls_client_cert = match (&sink.nats_tls_client_cert, &sink.nats_tls_client_key)
+                {
+                    (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+                    (None, None) => None,
+                    _ => {
+                        return Err(UsageError(
+                            "nats: --nats-tls-client-cert and --nats-tls-client-key go together"
+                                .into(),
+                        ));
+                    }
+                };
+                Ok(SinkConfig::Nats(nats))
             }
         }
     }

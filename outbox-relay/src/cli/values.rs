@@ -156,5 +156,7 @@ pub(super) enum SinkKind {
     Kafka,
     #[cfg(feature = "pulsar")]
     Pulsar,
+    #[cfg(feature = "nats")]
+    Nats,
     Stdout,
 }

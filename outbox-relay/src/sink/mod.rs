@@ -7,6 +7,8 @@
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "pulsar")]
 pub mod pulsar;
 pub mod stdout;
@@ -325,6 +327,9 @@ pub enum SinkConfig {
     /// Apache Pulsar, through the `pulsar` crate.
     #[cfg(feature = "pulsar")]
     Pulsar(pulsar::PulsarConfig),
+    /// NATS JetStream, through `async-nats`.
+    #[cfg(feature = "nats")]
+    Nats(nats::NatsConfig),
     /// One JSON line per event on standard output.
     Stdout,
 }
@@ -337,6 +342,8 @@ impl SinkConfig {
             SinkConfig::Kafka(config) => Ok(Box::new(kafka::KafkaSink::new(config)?)),
             #[cfg(feature = "pulsar")]
             SinkConfig::Pulsar(config) => Ok(Box::new(pulsar::PulsarSink::new(config)?)),
+            #[cfg(feature = "nats")]
+            SinkConfig::Nats(config) => Ok(Box::new(nats::NatsSink::new(config)?)),
             SinkConfig::Stdout => Ok(Box::new(stdout::StdoutSink)),
         }
     }
