@@ -125,7 +125,7 @@ impl NatsSink {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (servers, login) = without_login(self.config.url.expose())?;
         let mut options = self.config.options().await?;
-        if let Some((user, password)) = login {
+        if let Some(Login { user, password }) = login {
             options = options.user_and_password(user, password);
         }
         let client = options
@@ -139,9 +139,16 @@ impl NatsSink {
     }
 }
 
+/// A user and password taken out of a server's URL.
+#[derive(Debug, PartialEq, Eq)]
+struct Login {
+    user: String,
+    password: String,
+}
+
 /// The servers of `urls` (comma-separated) without the `user:password@` of any, and that login:
 /// the client logs each server's URL as it connects, password included, so it never sees one.
-fn without_login(urls: &str) -> Result<(Vec<url::Url>, Option<(String, String)>), SinkError> {
+fn without_login(urls: &str) -> Result<(Vec<url::Url>, Option<Login>), SinkError> {
     let mut login = None;
     let mut servers = Vec::new();
     for text in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
@@ -154,10 +161,10 @@ fn without_login(urls: &str) -> Result<(Vec<url::Url>, Option<(String, String)>)
             SinkError::unavailable(format!("bad NATS URL {}: {e}", crate::redact_url(&text)))
         })?;
         if !server.username().is_empty() {
-            login = Some((
-                percent_decode(server.username()),
-                percent_decode(server.password().unwrap_or_default()),
-            ));
+            login = Some(Login {
+                user: percent_decode(server.username()),
+                password: percent_decode(server.password().unwrap_or_default()),
+            });
             // Cannot fail on a URL with a host, which a NATS URL has.
             let _ = server.set_username("");
             let _ = server.set_password(None);
@@ -287,7 +294,11 @@ mod tests {
                 .unwrap();
         let servers: Vec<&str> = servers.iter().map(url::Url::as_str).collect();
         assert_eq!(servers, ["nats://a.example:4222", "tls://b.example:4443"]);
-        assert_eq!(login, Some(("relay".into(), "p@ss:word".into())));
+        let login = login.expect("the login");
+        assert_eq!(
+            (login.user.as_str(), login.password.as_str()),
+            ("relay", "p@ss:word")
+        );
 
         let (servers, login) = without_login("127.0.0.1:4222").unwrap();
         assert_eq!(servers[0].as_str(), "nats://127.0.0.1:4222");
