@@ -3,6 +3,14 @@
 #[cfg(feature = "kafka")]
 use std::collections::BTreeMap;
 
+/// A URL's user or password as written there, `%XX` escapes decoded (a `+` stays a `+`).
+pub(crate) fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("p={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
 /// `url` with its password and any secret query parameter replaced by `***`, for logs and errors.
 ///
 /// The URL is parsed with a real URL parser, so a password with any characters is masked, and so

@@ -13,6 +13,7 @@ use seaorm_outbox_relay::Relay;
 use seaorm_outbox_relay::sink::nats::{NatsConfig, NatsSink};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -82,18 +83,40 @@ fn header<'m>(m: &'m jetstream::message::StreamMessage, name: &str) -> Option<&'
     m.headers.get(name).map(|v| v.as_str())
 }
 
-/// Runs a relay publishing to NATS until the backlog is empty (or `timeout`), then stops it.
-async fn drain(f: &Fixture, config: &NatsConfig, timeout: Duration) {
+/// Runs a relay publishing to NATS until `done` resolves, then stops it.
+async fn run_relay_until(f: &Fixture, config: &NatsConfig, done: impl Future<Output = ()>) {
     let relay = Relay::new(f.relay_config(), NatsSink::new(config).expect("the sink"));
     let shutdown = CancellationToken::new();
     let running = tokio::spawn({
         let shutdown = shutdown.clone();
         async move { relay.run(shutdown).await.expect("the relay refused to run") }
     });
-    f.wait_until_drained(timeout).await;
+    done.await;
     shutdown.cancel();
     running.await.unwrap();
 }
+
+/// Runs a relay publishing to NATS until the backlog is empty (or `timeout`), then stops it.
+async fn drain(f: &Fixture, config: &NatsConfig, timeout: Duration) {
+    run_relay_until(f, config, f.wait_until_drained(timeout)).await;
+}
+
+/// Records one `OrderPlaced` of `order_id` in a transaction of its own.
+async fn record_order(f: &Fixture, order_id: &str) {
+    let txn = f.db.begin().await.unwrap();
+    OrderPlaced {
+        order_id: order_id.into(),
+        n: 1,
+    }
+    .record(&txn)
+    .await
+    .unwrap();
+    txn.commit().await.unwrap();
+}
+
+/// Rows the relay wrote anything to (published, parked or counted a failed attempt).
+const TOUCHED: &str = "SELECT count(*) FROM outbox \
+     WHERE published_at IS NOT NULL OR parked_at IS NOT NULL OR attempts > 0";
 
 #[tokio::test]
 async fn events_reach_jetstream_with_headers_and_order_and_a_resent_batch_is_stored_once() {
@@ -219,32 +242,12 @@ async fn a_subject_no_stream_takes_parks_its_event_and_others_flow() {
 async fn a_refused_token_leaves_the_rows_untouched() {
     let f = Fixture::new().await;
     let mut stream = create_stream(&f, vec![format!("{}.>", f.prefix)]).await;
-    let txn = f.db.begin().await.unwrap();
-    OrderPlaced {
-        order_id: "o1".into(),
-        n: 1,
-    }
-    .record(&txn)
-    .await
-    .unwrap();
-    txn.commit().await.unwrap();
+    record_order(&f, "o1").await;
 
-    let relay = Relay::new(
-        f.relay_config(),
-        NatsSink::new(&sink_config("not-the-token")).expect("the sink"),
-    );
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await.expect("the relay refused to run") }
-    });
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    shutdown.cancel();
-    running.await.unwrap();
+    let refused = sink_config("not-the-token");
+    run_relay_until(&f, &refused, tokio::time::sleep(Duration::from_secs(3))).await;
 
-    let touched = f
-        .scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL OR parked_at IS NOT NULL OR attempts > 0")
-        .await;
+    let touched = f.scalar(TOUCHED).await;
     assert_eq!(touched, 0, "nothing recorded against the event");
     assert_eq!(f.backlog().await, 1);
     assert_eq!(stored(&mut stream).await.len(), 0);
@@ -261,15 +264,7 @@ async fn a_refused_token_leaves_the_rows_untouched() {
 async fn the_binary_publishes_to_nats_with_a_token_file_and_never_prints_a_token() {
     let f = Fixture::new().await;
     let mut stream = create_stream(&f, vec![format!("{}.>", f.prefix)]).await;
-    let txn = f.db.begin().await.unwrap();
-    OrderPlaced {
-        order_id: "o1".into(),
-        n: 1,
-    }
-    .record(&txn)
-    .await
-    .unwrap();
-    txn.commit().await.unwrap();
+    record_order(&f, "o1").await;
 
     // A refused token first: the relay waits, and says so without the token.
     let wrong = format!("wrong-{}", Uuid::now_v7().simple());
@@ -342,31 +337,13 @@ fn tls_file(name: &str) -> std::path::PathBuf {
 async fn tls_with_the_servers_ca_publishes_and_an_unrelated_ca_leaves_the_rows_untouched() {
     let f = Fixture::new().await;
     let mut stream = create_stream(&f, vec![format!("{}.>", f.prefix)]).await;
-    let txn = f.db.begin().await.unwrap();
-    OrderPlaced {
-        order_id: "o1".into(),
-        n: 1,
-    }
-    .record(&txn)
-    .await
-    .unwrap();
-    txn.commit().await.unwrap();
+    record_order(&f, "o1").await;
 
     let mut config = sink_config(&token());
     config.url = Secret::new(tls_url());
     config.tls_ca_file = Some(tls_file("other-ca.pem"));
-    let relay = Relay::new(f.relay_config(), NatsSink::new(&config).expect("the sink"));
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await.expect("the relay refused to run") }
-    });
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    shutdown.cancel();
-    running.await.unwrap();
-    let touched = f
-        .scalar("SELECT count(*) FROM outbox WHERE published_at IS NOT NULL OR parked_at IS NOT NULL OR attempts > 0")
-        .await;
+    run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
+    let touched = f.scalar(TOUCHED).await;
     assert_eq!(
         touched, 0,
         "an unverified server gets nothing, and the event is not blamed"

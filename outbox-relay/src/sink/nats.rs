@@ -14,12 +14,12 @@
 use super::{Ack, Message, Sink, SinkError};
 use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::message::PublishMessage;
-use async_nats::{ConnectErrorKind, ConnectOptions, HeaderMap};
+use async_nats::{ConnectOptions, HeaderMap};
 use futures::future::{BoxFuture, FutureExt};
 use seaorm_outbox::Secret;
 use std::path::PathBuf;
 use std::time::Duration;
-use tokio::sync::Mutex;
+use tokio::sync::OnceCell;
 
 /// The NATS sink's settings.
 ///
@@ -100,8 +100,9 @@ impl NatsConfig {
 /// Publishes to NATS JetStream (see the module's documentation).
 pub struct NatsSink {
     config: NatsConfig,
-    /// Connected on first use, so that building the sink needs no server.
-    jetstream: Mutex<Option<async_nats::jetstream::Context>>,
+    /// Connected on first use, so that building the sink needs no server; a failed connection is
+    /// tried again at the next publish.
+    jetstream: OnceCell<async_nats::jetstream::Context>,
 }
 
 impl NatsSink {
@@ -109,15 +110,15 @@ impl NatsSink {
     pub fn new(config: &NatsConfig) -> Result<Self, SinkError> {
         Ok(NatsSink {
             config: config.clone(),
-            jetstream: Mutex::new(None),
+            jetstream: OnceCell::new(),
         })
     }
 
-    async fn context(&self) -> Result<async_nats::jetstream::Context, SinkError> {
-        let mut jetstream = self.jetstream.lock().await;
-        if let Some(context) = jetstream.as_ref() {
-            return Ok(context.clone());
-        }
+    async fn context(&self) -> Result<&async_nats::jetstream::Context, SinkError> {
+        self.jetstream.get_or_try_init(|| self.connect()).await
+    }
+
+    async fn connect(&self) -> Result<async_nats::jetstream::Context, SinkError> {
         // async-nats builds its TLS settings from rustls' process-wide provider, which rustls
         // cannot pick by itself when the dependency graph enables two (ring here, aws-lc-rs through
         // the WAL source's client): it panicked at the first tls:// connection. Installing one
@@ -134,7 +135,6 @@ impl NatsSink {
             .map_err(|e| classify_connect(&e))?;
         let mut context = async_nats::jetstream::new(client);
         context.set_timeout(self.config.ack_timeout);
-        *jetstream = Some(context.clone());
         Ok(context)
     }
 }
@@ -162,8 +162,8 @@ fn without_login(urls: &str) -> Result<(Vec<url::Url>, Option<Login>), SinkError
         })?;
         if !server.username().is_empty() {
             login = Some(Login {
-                user: percent_decode(server.username()),
-                password: percent_decode(server.password().unwrap_or_default()),
+                user: crate::redact::percent_decode(server.username()),
+                password: crate::redact::percent_decode(server.password().unwrap_or_default()),
             });
             // Cannot fail on a URL with a host, which a NATS URL has.
             let _ = server.set_username("");
@@ -174,58 +174,11 @@ fn without_login(urls: &str) -> Result<(Vec<url::Url>, Option<Login>), SinkError
     Ok((servers, login))
 }
 
-/// `%XX` escapes of a URL's user-info, decoded.
-fn percent_decode(part: &str) -> String {
-    let bytes = part.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A failed connection is never the event's fault: the relay leaves the rows untouched and backs
-/// off as a whole (a refused login or certificate, or a server away), and `/readyz` says so.
+/// A failed connection is never the event's fault (a refused login or certificate, a server
+/// away; the client's message says which): the relay leaves the rows untouched and backs off as a
+/// whole, and `/readyz` says so.
 fn classify_connect(e: &async_nats::ConnectError) -> SinkError {
-    let cause = match e.kind() {
-        ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation => {
-            "the server refused the relay's credentials"
-        }
-        ConnectErrorKind::Tls => "TLS failed",
-        _ if is_tls_failure(e) => "TLS failed",
-        _ => "the server is unreachable",
-    };
-    SinkError::unavailable(format!("cannot connect to NATS ({cause}): {e}"))
-}
-
-/// Whether `e` was caused by TLS (a certificate not trusted, a handshake refused): the client
-/// reports those as I/O errors.
-fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(e) = cause {
-        let io_tls = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .is_some_and(|inner| inner.is::<rustls::Error>());
-        if e.is::<rustls::Error>() || io_tls {
-            return true;
-        }
-        cause = e.source();
-    }
-    false
+    SinkError::unavailable(format!("cannot connect to NATS: {e}"))
 }
 
 /// Sorts a publish's failure: what retrying cannot fix is parked, the rest retried.

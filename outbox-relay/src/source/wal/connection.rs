@@ -35,7 +35,7 @@ pub(super) fn replication_config(
     };
     let password = parsed
         .password()
-        .map(percent_decode)
+        .map(crate::redact::percent_decode)
         .or_else(|| query("password"))
         .or_else(|| std::env::var("PGPASSWORD").ok())
         .unwrap_or_default();
@@ -90,13 +90,6 @@ pub(super) fn replication_config(
     .with_status_interval(Duration::from_secs(1))
     .with_wakeup_interval(Duration::from_secs(1));
     Ok(config)
-}
-
-fn percent_decode(s: &str) -> String {
-    url::form_urlencoded::parse(format!("p={}", s.replace('+', "%2B")).as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
