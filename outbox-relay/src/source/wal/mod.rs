@@ -111,6 +111,8 @@ pub(crate) struct WalStream {
     parked: Parked,
     /// The commit time of the transaction being read.
     commit_ms: Option<i64>,
+    /// The id of the transaction being read.
+    xid: u32,
     /// The last position confirmed to the server.
     confirmed: Lsn,
     max_payload_bytes: usize,
@@ -183,6 +185,7 @@ impl WalStream {
             read,
             parked,
             commit_ms: None,
+            xid: 0,
             confirmed: Lsn::ZERO,
             max_payload_bytes: config.max_payload_bytes,
             window_bytes: source.window_bytes,
@@ -199,8 +202,13 @@ impl WalStream {
         let stream = SourceError::Replication;
         match event {
             ReplicationEvent::Begin {
-                commit_time_micros, ..
-            } => self.commit_ms = Some(postgres_epoch_ms(commit_time_micros)),
+                commit_time_micros,
+                xid,
+                ..
+            } => {
+                self.commit_ms = Some(postgres_epoch_ms(commit_time_micros));
+                self.xid = xid;
+            }
             ReplicationEvent::XLogData { data, .. } => {
                 if let Change::Insert { relation, values } =
                     self.decoder.decode(data).map_err(stream)?
@@ -230,7 +238,7 @@ impl WalStream {
                     }
                 } else if prefix == RELEASE_PREFIX {
                     let aggregates = parked::released_aggregates(&content);
-                    self.read.push_release(Release::of(aggregates));
+                    self.read.push_release(Release::of(aggregates, self.xid));
                 }
             }
             ReplicationEvent::Commit { end_lsn, .. } => {

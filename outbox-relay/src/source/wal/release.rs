@@ -13,6 +13,7 @@ use crate::row::{Aggregate, OutboxRow};
 use bytes::Bytes;
 use sqlx::PgConnection;
 use std::collections::HashSet;
+use std::time::Duration;
 
 /// Whose held events a release sends.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,12 +35,18 @@ pub(super) struct Release {
     pub stopped: HashSet<Aggregate>,
     /// The aggregates a release of [`Scope::EveryHeld`] found.
     pub found: HashSet<Aggregate>,
+    /// The transaction that wrote an operator's release: its first page is read once other
+    /// sessions see that transaction's changes.
+    pub written_by: Option<u32>,
 }
 
 impl Release {
-    /// A release of the named aggregates.
-    pub fn of(aggregates: Vec<Aggregate>) -> Self {
-        Release::new(Scope::Named(aggregates))
+    /// A release of the named aggregates, written by transaction `xid`.
+    pub fn of(aggregates: Vec<Aggregate>, xid: u32) -> Self {
+        Release {
+            written_by: Some(xid),
+            ..Release::new(Scope::Named(aggregates))
+        }
     }
 
     /// A release of every event held up to `up_to_seq`.
@@ -53,6 +60,7 @@ impl Release {
             after_seq: i64::MIN,
             stopped: HashSet::new(),
             found: HashSet::new(),
+            written_by: None,
         }
     }
 
@@ -71,6 +79,9 @@ impl WalStream {
         {
             for aggregate in aggregates {
                 self.parked.releasing(aggregate);
+            }
+            if let Some(xid) = release.written_by {
+                wait_until_visible(&mut self.db, xid).await?;
             }
         }
         let limits = Limits {
@@ -120,6 +131,45 @@ impl WalStream {
         Ok(())
     }
 }
+
+/// PostgreSQL streams a transaction once its commit is on disk, a moment before other sessions
+/// see its changes (under load, a moment long enough to read a page in): a release read then
+/// would find its aggregates' events still parked, and leave them held. So the first page waits
+/// until transaction `xid` is visible, briefly; past [`VISIBLE_WITHIN`] the stream is read again.
+async fn wait_until_visible(db: &mut PgConnection, xid: u32) -> Result<(), SourceError> {
+    let deadline = tokio::time::Instant::now() + VISIBLE_WITHIN;
+    loop {
+        let visible: Option<bool> = sqlx::query_scalar(VISIBLE)
+            .bind(i64::from(xid))
+            .fetch_one(&mut *db)
+            .await?;
+        if visible == Some(true) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(SourceError::Replication(format!(
+                "transaction {xid}, which released held events, was streamed committed and is \
+                 still not visible after {VISIBLE_WITHIN:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// How long a streamed transaction may take to become visible before the stream is read again.
+const VISIBLE_WITHIN: Duration = Duration::from_secs(10);
+
+/// Whether the transaction whose 32-bit id is $1 (as pgoutput names it) is visible to a snapshot
+/// taken now: its full id is the one of the current epoch at or below the snapshot's `xmax`, or the
+/// previous epoch's.
+const VISIBLE: &str = "
+    SELECT pg_visible_in_snapshot(
+               (CASE WHEN $1 <= xmax % 4294967296 THEN xmax - xmax % 4294967296 + $1
+                     WHEN xmax >= 4294967296 THEN xmax - xmax % 4294967296 - 4294967296 + $1
+                END)::text::xid8,
+               snapshot)
+    FROM (SELECT snapshot, pg_snapshot_xmax(snapshot)::text::int8 AS xmax
+          FROM (SELECT pg_current_snapshot() AS snapshot) AS now) AS bounds";
 
 /// How many kept events a release reads at once.
 const PAGE: i64 = 1_000;
@@ -209,5 +259,44 @@ fn as_recorded(kept: OutboxRow, recorded: Bytes, max_payload_bytes: usize) -> Ou
             recorded: Some(recorded),
             ..kept
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Connection;
+
+    async fn visible(db: &mut PgConnection, xid: u32) -> Option<bool> {
+        sqlx::query_scalar(VISIBLE)
+            .bind(i64::from(xid))
+            .fetch_one(db)
+            .await
+            .unwrap()
+    }
+
+    /// A transaction is not visible while it runs (as a streamed one is not for a moment after
+    /// its commit is on disk), and is once it has committed.
+    #[tokio::test]
+    async fn a_transaction_is_visible_once_committed_and_not_before() {
+        let url = outbox_tests::postgres_url();
+        let mut writer = PgConnection::connect(&url).await.unwrap();
+        let mut relay = PgConnection::connect(&url).await.unwrap();
+        let mut tx = writer.begin().await.unwrap();
+        let full: i64 = sqlx::query_scalar("SELECT pg_current_xact_id()::text::int8")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        let xid = u32::try_from(full % (1 << 32)).unwrap();
+        assert_eq!(visible(&mut relay, xid).await, Some(false), "running");
+        let waited = tokio::time::timeout(
+            Duration::from_millis(300),
+            wait_until_visible(&mut relay, xid),
+        )
+        .await;
+        assert!(waited.is_err(), "the wait returned while it ran");
+        tx.commit().await.unwrap();
+        assert_eq!(visible(&mut relay, xid).await, Some(true), "committed");
+        wait_until_visible(&mut relay, xid).await.unwrap();
     }
 }

@@ -211,7 +211,7 @@ mod tests {
         };
         u.push_event(sized(1, 100), None);
         u.push_commit(lsn(100), None);
-        u.push_release(Release::of(vec![("order".into(), "a".into())]));
+        u.push_release(Release::of(vec![("order".into(), "a".into())], 7));
         u.push_event(sized(2, 1000), None);
         assert_eq!(u.bytes(), 1100);
         u.event_mut(0).unwrap().settled = true;
@@ -226,7 +226,7 @@ mod tests {
     fn nothing_after_a_release_is_claimed_before_it_is_carried_out() {
         let mut u = Unconfirmed::default();
         u.push_event(row("a", 10), None);
-        u.push_release(Release::of(vec![("order".into(), "a".into())]));
+        u.push_release(Release::of(vec![("order".into(), "a".into())], 7));
         u.push_event(row("a", 12), None);
         u.push_commit(lsn(300), None);
         assert_eq!(claimable(&mut u), [(0, 10)]);
@@ -248,9 +248,9 @@ mod tests {
     #[test]
     fn a_release_read_in_pages_keeps_its_next_page_before_what_follows() {
         let mut u = Unconfirmed::default();
-        u.push_release(Release::of(vec![("order".into(), "a".into())]));
+        u.push_release(Release::of(vec![("order".into(), "a".into())], 7));
         u.push_event(row("a", 12), None);
-        let mut next = Release::of(vec![("order".into(), "a".into())]);
+        let mut next = Release::of(vec![("order".into(), "a".into())], 7);
         next.after_seq = 3;
         assert!(u.take_due_release().is_some());
         u.released(vec![row("a", 3)], Some(next.clone()));
