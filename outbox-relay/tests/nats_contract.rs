@@ -5,8 +5,8 @@
 
 mod common;
 
-use async_nats::jetstream::{self, stream};
 use common::Fixture;
+use common::nats::{create_stream, header, stored, token, url};
 use seaorm_outbox::sea_orm::{ConnectionTrait, TransactionTrait};
 use seaorm_outbox::{NewEvent, OutboxEvent, Secret, Uuid};
 use seaorm_outbox_relay::Relay;
@@ -30,57 +30,11 @@ struct InvoiceSent {
     invoice_id: String,
 }
 
-fn url() -> String {
-    std::env::var("NATS_URL").expect(
-        "NATS_URL is not set: start the NATS server with `scripts/services start nats` \
-         (scripts/test does)",
-    )
-}
-
-fn token() -> String {
-    std::env::var("OUTBOX_NATS_TOKEN").expect("OUTBOX_NATS_TOKEN is not set (scripts/services)")
-}
-
 fn sink_config(token: &str) -> NatsConfig {
     let mut config = NatsConfig::new(url());
     config.token = Some(Secret::new(token));
     config.ack_timeout = Duration::from_secs(5);
     config
-}
-
-/// A JetStream stream taking `subjects`, named after the fixture.
-async fn create_stream(f: &Fixture, subjects: Vec<String>) -> stream::Stream {
-    let client = async_nats::ConnectOptions::with_token(token())
-        .connect(url())
-        .await
-        .expect("connect to NATS");
-    jetstream::new(client)
-        .create_stream(stream::Config {
-            name: f.prefix.clone(),
-            subjects,
-            ..Default::default()
-        })
-        .await
-        .expect("create the stream")
-}
-
-/// Every message of the stream, in stream order.
-async fn stored(stream: &mut stream::Stream) -> Vec<jetstream::message::StreamMessage> {
-    let last = stream
-        .info()
-        .await
-        .expect("stream info")
-        .state
-        .last_sequence;
-    let mut messages = Vec::new();
-    for sequence in 1..=last {
-        messages.push(stream.get_raw_message(sequence).await.expect("a message"));
-    }
-    messages
-}
-
-fn header<'m>(m: &'m jetstream::message::StreamMessage, name: &str) -> Option<&'m str> {
-    m.headers.get(name).map(|v| v.as_str())
 }
 
 /// Runs a relay publishing to NATS until `done` resolves, then stops it.
@@ -268,6 +222,7 @@ async fn the_binary_publishes_to_nats_with_a_token_file_and_never_prints_a_token
 
     // A refused token first: the relay waits, and says so without the token.
     let wrong = format!("wrong-{}", Uuid::now_v7().simple());
+    let port = common::free_port();
     let mut relay = f.spawn_relay_to(
         &[
             "--sink",
@@ -277,16 +232,29 @@ async fn the_binary_publishes_to_nats_with_a_token_file_and_never_prints_a_token
             "--nats-token",
             &wrong,
         ],
-        &["--log-format", "json"],
+        &[
+            "--log-format",
+            "json",
+            "--http-addr",
+            &format!("127.0.0.1:{port}"),
+        ],
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, ready) = common::http_get_when_up(port, "/readyz").await;
+    assert_eq!(status, 503, "{ready}");
+    assert!(
+        ready.starts_with("not ready: nats: ") && ready.to_lowercase().contains("authorization"),
+        "/readyz names the sink and the refusal: {ready}"
+    );
     common::terminate(&mut relay);
     let log = relay.log();
     assert!(
         log.to_lowercase().contains("authorization"),
         "the refusal is reported: {log}"
     );
-    assert!(!log.contains(&wrong), "the token was printed: {log}");
+    for (place, text) in [("the log", &log), ("/readyz", &ready)] {
+        assert!(!text.contains(&wrong), "{place} shows the token: {text}");
+    }
     assert_eq!(f.backlog().await, 1);
 
     let dir = outbox_tests::temp_dir();

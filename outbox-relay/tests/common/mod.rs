@@ -3,6 +3,7 @@
 
 pub mod kafka;
 pub mod meters;
+pub mod nats;
 pub mod pulsar;
 pub mod secure;
 pub mod wal;
