@@ -58,6 +58,8 @@ pub struct RelayConfig {
     /// Park rows whose event type no `#[derive(OutboxEvent)]` in this binary registers, instead of
     /// routing them by the template. Default false.
     pub strict: bool,
+    /// Messages as CloudEvents 1.0 instead of the relay's contract. Default `None` (the contract).
+    pub cloudevents: Option<crate::cloudevents::CloudEvents>,
     /// Polling, or LISTEN/NOTIFY on PostgreSQL. Default [`Wakeup::Poll`].
     pub wakeup: Wakeup,
     /// How often replicas rebalance shard leases; a dead replica's shards are taken over within
@@ -127,6 +129,7 @@ impl RelayConfig {
             mode: Mode::Mark,
             topic_template: DEFAULT_TOPIC_TEMPLATE.to_owned(),
             strict: false,
+            cloudevents: None,
             wakeup: Wakeup::Poll,
             lease_refresh: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
@@ -153,6 +156,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("mode", &self.mode)
             .field("topic_template", &self.topic_template)
             .field("strict", &self.strict)
+            .field("cloudevents", &self.cloudevents)
             .field("wakeup", &self.wakeup)
             .field("lease_refresh", &self.lease_refresh)
             .field("max_backoff", &self.max_backoff)

@@ -36,6 +36,7 @@
 mod batch;
 #[cfg(feature = "cli")]
 pub mod cli;
+pub mod cloudevents;
 mod config;
 mod database;
 #[cfg(feature = "endpoints")]

@@ -50,7 +50,10 @@ pub struct Relay {
 impl Relay {
     /// A relay publishing to `sink`, routing by the event types registered in this binary.
     pub fn new(config: RelayConfig, sink: impl Sink + 'static) -> Self {
-        let router = Router::new(&config.topic_template, config.strict);
+        let mut router = Router::new(&config.topic_template, config.strict);
+        if let Some(format) = &config.cloudevents {
+            router = router.with_cloudevents(format.clone(), sink.cloudevents_prefix());
+        }
         let backend = Backend::of(&config.database_url);
         Relay {
             config,

@@ -4,6 +4,7 @@
 //! `#[derive(OutboxEvent)]` types linked into this binary), else the template, by default
 //! `outbox.event.{aggregate_type}` as Debezium's outbox router does.
 
+use crate::cloudevents::CloudEvents;
 use crate::row::OutboxRow;
 use crate::sink::Message;
 use seaorm_outbox::EventRegistration;
@@ -28,6 +29,8 @@ pub struct Router {
     template: String,
     strict: bool,
     registered: HashMap<&'static str, &'static EventRegistration>,
+    /// Messages as CloudEvents, with the header prefix of the sink's protocol binding.
+    cloudevents: Option<(CloudEvents, String)>,
 }
 
 impl Router {
@@ -42,7 +45,15 @@ impl Router {
             template: template.to_owned(),
             strict,
             registered,
+            cloudevents: None,
         }
+    }
+
+    /// Builds messages as CloudEvents (`format`), naming binary mode's headers with `prefix`, the
+    /// sink's [`cloudevents_prefix`](crate::sink::Sink::cloudevents_prefix).
+    pub fn with_cloudevents(mut self, format: CloudEvents, prefix: &str) -> Self {
+        self.cloudevents = Some((format, prefix.to_owned()));
+        self
     }
 
     /// The registrations this router knows, by event type.
@@ -102,13 +113,17 @@ impl Router {
             }
             headers.extend(stored);
         }
-        Ok(Message {
+        let message = Message {
             event_id,
             seq: row.seq,
             topic,
             key: row.aggregate_id.clone(),
             payload: row.payload.clone(),
             headers,
+        };
+        Ok(match &self.cloudevents {
+            Some((format, prefix)) => format.apply(message, row.created_ms, prefix),
+            None => message,
         })
     }
 }

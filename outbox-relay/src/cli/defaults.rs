@@ -2,7 +2,7 @@
 //! drift from them.
 
 use super::values::DEFAULT_HTTP_ADDR;
-use super::values::{SinkKind, SourceKind};
+use super::values::{CloudEventsMode, FormatKind, SinkKind, SourceKind};
 use crate::RelayConfig;
 use clap::ValueEnum;
 use std::time::Duration;
@@ -30,6 +30,8 @@ pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
         ("poll_interval", wait(config.poll_interval)),
         ("mode", name(config.mode)),
         ("topic_template", config.topic_template),
+        ("format", name(FormatKind::default())),
+        ("cloudevents_mode", name(CloudEventsMode::default())),
         ("wakeup", name(config.wakeup)),
         ("source", name(SourceKind::default())),
         ("wal_slot", wal.slot),

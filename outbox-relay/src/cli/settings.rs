@@ -7,8 +7,8 @@ use super::UsageError;
 use super::defaults::default_sink;
 use super::output::one_line;
 use super::values::{
-    DEFAULT_HTTP_ADDR, HttpAddr, LogFormat, Retention, SinkKind, SourceKind, Wait, is_false,
-    key_value, options_table,
+    CloudEventsMode, DEFAULT_HTTP_ADDR, FormatKind, HttpAddr, LogFormat, Retention, SinkKind,
+    SourceKind, Wait, is_false, key_value, options_table,
 };
 use crate::RelayConfig;
 use crate::config::Mode;
@@ -52,6 +52,9 @@ pub(super) struct DatabaseArgs {
 /// strict = false
 /// skip_parked = false
 /// topic_template = "outbox.event.{aggregate_type}"
+/// format = "outbox"          # or "cloudevents", with cloudevents_source (and cloudevents_mode)
+/// cloudevents_source = "//shop.example.com/orders"
+/// cloudevents_mode = "binary" # or "structured"
 /// lease_refresh = "1s"
 /// statement_timeout = "30s"  # the relay's own statements; twice this without an answer: reconnect
 /// retention = "7d"           # or "off"
@@ -105,6 +108,17 @@ pub(super) struct Settings {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "is_false")]
     pub strict: bool,
+    /// The messages' format: the relay's contract, or CloudEvents 1.0.
+    #[arg(long, value_enum, env = "OUTBOX_FORMAT")]
+    pub format: Option<FormatKind>,
+    /// CloudEvents' `source` of every event, a URI reference naming the producer
+    /// (`//shop.example.com/orders`); required with `--format cloudevents`.
+    #[arg(long, env = "OUTBOX_CLOUDEVENTS_SOURCE")]
+    pub cloudevents_source: Option<String>,
+    /// CloudEvents' attributes in headers (binary), or the whole event as the payload
+    /// (structured).
+    #[arg(long, value_enum)]
+    pub cloudevents_mode: Option<CloudEventsMode>,
     /// Poll, or LISTEN/NOTIFY on PostgreSQL.
     #[arg(long, value_enum)]
     pub wakeup: Option<Wakeup>,
@@ -373,6 +387,39 @@ impl Settings {
             .0
     }
 
+    /// The CloudEvents format, if `--format cloudevents`.
+    fn cloudevents(&self) -> Result<Option<crate::cloudevents::CloudEvents>, UsageError> {
+        use crate::cloudevents::{CloudEvents, Mode};
+        match self.format.unwrap_or_default() {
+            FormatKind::Outbox
+                if self.cloudevents_source.is_some() || self.cloudevents_mode.is_some() =>
+            {
+                Err(UsageError(
+                    "--cloudevents-source and --cloudevents-mode need --format cloudevents".into(),
+                ))
+            }
+            FormatKind::Outbox => Ok(None),
+            FormatKind::CloudEvents => {
+                let source = self
+                    .cloudevents_source
+                    .as_deref()
+                    .filter(|s| !s.trim().is_empty())
+                    .ok_or_else(|| {
+                        UsageError(
+                            "--format cloudevents needs --cloudevents-source, a URI reference \
+                             naming the producer (such as //shop.example.com/orders)"
+                                .into(),
+                        )
+                    })?;
+                let mode = match self.cloudevents_mode.unwrap_or_default() {
+                    CloudEventsMode::Binary => Mode::Binary,
+                    CloudEventsMode::Structured => Mode::Structured,
+                };
+                Ok(Some(CloudEvents::new(source, mode)))
+            }
+        }
+    }
+
     /// The relay's configuration.
     pub(super) fn relay_config(&self) -> Result<RelayConfig, UsageError> {
         let mut config = RelayConfig::new(self.database_url()?);
@@ -411,6 +458,7 @@ impl Settings {
         config.wakeup = self.wakeup.unwrap_or_default();
         config.strict = self.strict;
         config.topic_template = self.topic_template();
+        config.cloudevents = self.cloudevents()?;
         config.source = match self.source.unwrap_or_default() {
             SourceKind::Table => {
                 if self.wal_slot.is_some()

@@ -140,6 +140,29 @@ pub(super) enum SourceKind {
     Wal,
 }
 
+/// How `run` writes events to the broker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum FormatKind {
+    /// The relay's contract: the event's JSON, its id, type and version in headers.
+    #[default]
+    Outbox,
+    /// CloudEvents 1.0 (`--cloudevents-source` names the producer).
+    #[value(name = "cloudevents")]
+    CloudEvents,
+}
+
+/// How a CloudEvent is carried by a message.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum CloudEventsMode {
+    /// Attributes as headers, the payload the event's JSON.
+    #[default]
+    Binary,
+    /// The whole event as the JSON payload.
+    Structured,
+}
+
 /// How the logs are written: lines for people, or JSON for machines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

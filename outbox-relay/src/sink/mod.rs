@@ -240,6 +240,12 @@ pub trait Sink: Send + Sync {
     fn quiet(&self) -> BoxFuture<'_, ()> {
         Box::pin(futures::future::ready(()))
     }
+
+    /// The header prefix of CloudEvents' binary mode in this sink's protocol binding (see
+    /// [`crate::cloudevents`]): `ce_` (Kafka's binding, the default), `ce-` (HTTP's and NATS').
+    fn cloudevents_prefix(&self) -> &str {
+        "ce_"
+    }
 }
 
 /// A boxed or shared sink is a sink: the relay takes ownership of one, while a test or an
@@ -272,6 +278,10 @@ macro_rules! forward_sink {
 
             fn quiet(&self) -> BoxFuture<'_, ()> {
                 (**self).quiet()
+            }
+
+            fn cloudevents_prefix(&self) -> &str {
+                (**self).cloudevents_prefix()
             }
         }
     };

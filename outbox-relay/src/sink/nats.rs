@@ -224,6 +224,11 @@ impl Sink for NatsSink {
         .boxed()
     }
 
+    /// The NATS protocol binding names CloudEvents' headers as HTTP's does.
+    fn cloudevents_prefix(&self) -> &str {
+        "ce-"
+    }
+
     fn ready(&self) -> BoxFuture<'_, Result<(), SinkError>> {
         async move {
             let context = self.context().await?;

@@ -1,0 +1,258 @@
+//! `--format cloudevents`, end to end through the `outbox-relay` binary on real PostgreSQL, Kafka
+//! and NATS: what reaches the broker is read back by the official CloudEvents SDK (PyPI's
+//! `cloudevents`, Kafka binding) in binary and structured mode, and by the NATS binding's header
+//! names; each attribute is checked against the row it came from.
+
+mod common;
+
+use common::Fixture;
+use common::kafka::{Received, consume};
+use common::nats::{create_stream, header, relay_args, stored};
+use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+const SOURCE: &str = "//shop.test/orders";
+
+/// Records three orders of two aggregates, one with a `traceparent` header.
+async fn record(f: &Fixture) {
+    f.db.execute_unprepared(
+        r#"INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, payload, headers)
+           VALUES (gen_random_uuid(), 'order', 'o-1', 'OrderPlaced', 2, '{"order_id": "o-1", "n": 1}',
+                   '{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}'),
+                  (gen_random_uuid(), 'order', 'o-2', 'OrderPlaced', 2, '{"order_id": "o-2", "n": 2}', NULL),
+                  (gen_random_uuid(), 'order', 'o-1', 'OrderShipped', 1, '{"order_id": "o-1", "n": 3}', NULL)"#,
+    )
+    .await
+    .unwrap();
+}
+
+/// Each row's attributes as the relay must write them, by event id.
+async fn expected(f: &Fixture) -> BTreeMap<String, Value> {
+    let rows = f
+        .db
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT id::text AS id, aggregate_id, event_type, event_version::text AS version,
+                    (extract(epoch FROM created_at) * 1000)::int8 AS created_ms, payload::text AS payload
+             FROM outbox",
+        ))
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| {
+            let id: String = r.try_get("", "id").unwrap();
+            let created_ms: i64 = r.try_get("", "created_ms").unwrap();
+            let time = chrono::DateTime::from_timestamp_millis(created_ms)
+                .unwrap()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+            let payload: String = r.try_get("", "payload").unwrap();
+            let event = json!({
+                "specversion": "1.0",
+                "id": id,
+                "source": SOURCE,
+                "type": r.try_get::<String>("", "event_type").unwrap(),
+                "subject": r.try_get::<String>("", "aggregate_id").unwrap(),
+                "time": time,
+                "datacontenttype": "application/json",
+                "eventversion": r.try_get::<String>("", "version").unwrap(),
+                "aggregatetype": "order",
+                "data": serde_json::from_str::<Value>(&payload).unwrap(),
+            });
+            (id, event)
+        })
+        .collect()
+}
+
+/// Runs the relay binary with `format` until the fixture's outbox is drained.
+async fn drain_with(f: &Fixture, sink: &[&str], format: &[&str]) {
+    let mut relay = f.spawn_relay_to(sink, format);
+    f.wait_until_drained(Duration::from_secs(60)).await;
+    assert_eq!(common::terminate(&mut relay), Some(0), "{}", relay.log());
+}
+
+/// The CloudEvents the official SDK reads from Kafka messages (its Kafka binding's
+/// `from_binary` or `from_structured`): each event's attributes and `data`.
+fn read_by_the_sdk(received: &[Received], structured: bool) -> Vec<Value> {
+    let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!(
+            "OUTBOX_TEST_PYTHON is not set: run `scripts/test`, which makes a Python with \
+             PyPI's cloudevents"
+        )
+    });
+    let script = r#"
+import json, sys
+from cloudevents.kafka import KafkaMessage, from_binary, from_structured
+structured = sys.argv[1] == "structured"
+convert = from_structured if structured else from_binary
+for line in sys.stdin:
+    m = json.loads(line)
+    # In structured mode the event is the payload alone (the SDK would take every header for an
+    # attribute, `content-type` for `datacontenttype`).
+    headers = {} if structured else {n: v.encode() for n, v in m["headers"]}
+    event = convert(KafkaMessage(headers=headers,
+                                 key=m["key"], value=m["value"].encode()))
+    attributes = dict(event.get_attributes())
+    attributes["data"] = event.data
+    print(json.dumps(attributes, default=str))
+"#;
+    let mut child = std::process::Command::new(&python)
+        .args([
+            "-c",
+            script,
+            if structured { "structured" } else { "binary" },
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run Python");
+    let mut stdin = child.stdin.take().unwrap();
+    for m in received {
+        let line = json!({
+            "headers": m.headers,
+            "key": m.key,
+            "value": String::from_utf8(m.payload.clone()).unwrap(),
+        });
+        writeln!(stdin, "{line}").unwrap();
+    }
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "the CloudEvents SDK refused the messages: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Each event the SDK read is its row's, attribute by attribute.
+fn assert_events(mut read: Vec<Value>, expected: &BTreeMap<String, Value>) {
+    assert_eq!(read.len(), expected.len(), "{read:?}");
+    for event in &mut read {
+        // The Kafka binding's extension for the message key: the aggregate id.
+        if let Some(key) = event.as_object_mut().unwrap().remove("partitionkey") {
+            assert_eq!(key, event["subject"]);
+        }
+        let id = event["id"].as_str().expect("an id").to_owned();
+        assert_eq!(event, &expected[&id]);
+    }
+}
+
+#[tokio::test]
+async fn binary_mode_on_kafka_is_read_by_the_cloudevents_sdk() {
+    let f = Fixture::new().await;
+    record(&f).await;
+    let expected = expected(&f).await;
+    let format = ["--format", "cloudevents", "--cloudevents-source", SOURCE];
+    let brokers = common::kafka::brokers();
+    let sink = ["--kafka-brokers", brokers.as_str()];
+    drain_with(&f, &sink, &format).await;
+    let received = consume(&[&f.topic("order")], 3, Duration::from_secs(60)).await;
+    let traced = received
+        .iter()
+        .find(|m| m.header("ce_type") == Some("OrderPlaced") && m.key == "o-1")
+        .expect("o-1's first event");
+    assert_eq!(
+        traced.header("traceparent"),
+        Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"),
+        "the application's headers are kept"
+    );
+    assert_eq!(traced.header("event_type"), None, "the contract's give way");
+    assert_events(read_by_the_sdk(&received, false), &expected);
+}
+
+#[tokio::test]
+async fn structured_mode_on_kafka_is_read_by_the_cloudevents_sdk() {
+    let f = Fixture::new().await;
+    record(&f).await;
+    let expected = expected(&f).await;
+    let format = [
+        "--format",
+        "cloudevents",
+        "--cloudevents-source",
+        SOURCE,
+        "--cloudevents-mode",
+        "structured",
+    ];
+    let brokers = common::kafka::brokers();
+    let sink = ["--kafka-brokers", brokers.as_str()];
+    drain_with(&f, &sink, &format).await;
+    let received = consume(&[&f.topic("order")], 3, Duration::from_secs(60)).await;
+    for m in &received {
+        assert_eq!(
+            m.header("content-type"),
+            Some("application/cloudevents+json")
+        );
+    }
+    assert_events(read_by_the_sdk(&received, true), &expected);
+}
+
+#[tokio::test]
+async fn binary_mode_on_nats_names_headers_as_its_binding_does() {
+    let f = Fixture::new().await;
+    let mut stream = create_stream(&f, vec![format!("{}.>", f.prefix)]).await;
+    record(&f).await;
+    let expected = expected(&f).await;
+    let sink = relay_args();
+    let sink: Vec<&str> = sink.iter().map(String::as_str).collect();
+    let format = ["--format", "cloudevents", "--cloudevents-source", SOURCE];
+    drain_with(&f, &sink, &format).await;
+    let messages = stored(&mut stream).await;
+    assert_eq!(messages.len(), 3);
+    for m in &messages {
+        let id = header(m, "ce-id").expect("a ce-id header");
+        let want = &expected[id];
+        for attribute in [
+            "specversion",
+            "id",
+            "source",
+            "type",
+            "subject",
+            "time",
+            "eventversion",
+            "aggregatetype",
+        ] {
+            assert_eq!(
+                header(m, &format!("ce-{attribute}")),
+                want[attribute].as_str(),
+                "{attribute}"
+            );
+        }
+        assert_eq!(header(m, "content-type"), Some("application/json"));
+        let data: Value = serde_json::from_slice(&m.payload).unwrap();
+        assert_eq!(data, want["data"]);
+        assert_eq!(header(m, "id"), None, "the contract's header gives way");
+    }
+}
+
+#[test]
+fn cloudevents_without_a_source_and_a_source_without_cloudevents_are_usage_errors() {
+    for (args, says) in [
+        (
+            &["--format", "cloudevents"][..],
+            "--format cloudevents needs --cloudevents-source",
+        ),
+        (
+            &["--cloudevents-mode", "structured"][..],
+            "--cloudevents-source and --cloudevents-mode need --format cloudevents",
+        ),
+    ] {
+        let output = common::relay_command()
+            .args(["run", "--database-url", "postgres://u@127.0.0.1:1/db"])
+            .args(["--sink", "stdout"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+}
