@@ -1,7 +1,7 @@
-//! `--format cloudevents`, end to end through the `outbox-relay` binary on real PostgreSQL, Kafka
-//! and NATS: what reaches the broker is read back by the official CloudEvents SDK (PyPI's
-//! `cloudevents`, Kafka binding) in binary and structured mode, and by the NATS binding's header
-//! names; each attribute is checked against the row it came from.
+//! `--format cloudevents`, end to end through the `outbox-relay` binary on real PostgreSQL, Kafka,
+//! NATS and RabbitMQ: what reaches Kafka is read back by the official CloudEvents SDK (PyPI's
+//! `cloudevents`, Kafka binding) in binary and structured mode; on NATS and RabbitMQ the headers
+//! are named as their bindings name them; each attribute is checked against the row it came from.
 
 mod common;
 
@@ -254,5 +254,45 @@ fn cloudevents_without_a_source_and_a_source_without_cloudevents_are_usage_error
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(stderr.contains(says), "{args:?}: {stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn binary_mode_on_rabbitmq_names_application_properties_as_its_binding_does() {
+    use common::rabbitmq::{consume, declare_queue, open};
+    let f = Fixture::new().await;
+    let (_connection, channel) = open().await;
+    let queue = f.topic("order");
+    declare_queue(&channel, &queue, true).await;
+    record(&f).await;
+    let expected = expected(&f).await;
+    let sink = common::rabbitmq::relay_args();
+    let sink: Vec<&str> = sink.iter().map(String::as_str).collect();
+    let format = ["--format", "cloudevents", "--cloudevents-source", SOURCE];
+    drain_with(&f, &sink, &format).await;
+    let received = consume(&channel, &queue, 3, Duration::from_secs(60)).await;
+    assert_eq!(received.len(), 3);
+    for m in &received {
+        let id = m.header("cloudEvents_id").expect("a cloudEvents_id header");
+        let want = &expected[id];
+        for attribute in [
+            "specversion",
+            "id",
+            "source",
+            "type",
+            "subject",
+            "time",
+            "eventversion",
+            "aggregatetype",
+        ] {
+            assert_eq!(
+                m.header(&format!("cloudEvents_{attribute}")),
+                want[attribute].as_str(),
+                "{attribute}"
+            );
+        }
+        assert_eq!(m.content_type.as_deref(), Some("application/json"));
+        assert_eq!(m.header("content-type"), None, "a property, not a header");
+        assert_eq!(m.json(), want["data"]);
     }
 }

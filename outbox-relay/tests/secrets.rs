@@ -1,7 +1,7 @@
 //! No secret is ever printed: a distinctive secret in every place a secret can be given (the
 //! database URL's user-info and `password=` parameter, librdkafka's `sasl.password`,
-//! `ssl.key.password` and `sasl.oauthbearer.client.secret`, a Pulsar token, a NATS token and the
-//! password in a NATS URL), from flags, the
+//! `ssl.key.password` and `sasl.oauthbearer.client.secret`, a Pulsar token, a NATS token, the
+//! password in a NATS URL and in a RabbitMQ URL), from flags, the
 //! environment and files, reaches none of stdout, stderr, `/metrics` or `/readyz` of the relay and
 //! of `status`, `failed` and `migrate`, at debug level, in human and JSON logs, with a failing
 //! database and a refusing broker.
@@ -178,6 +178,28 @@ async fn no_secret_reaches_any_output() {
         printed
             .relay(
                 &format!("{format} relay, refusing nats"),
+                relay,
+                "events wait, untouched",
+            )
+            .await;
+        let rabbitmq_url = std::env::var("RABBITMQ_URL")
+            .expect("RABBITMQ_URL is not set: scripts/services start rabbitmq (scripts/test does)");
+        let password = std::env::var("OUTBOX_RABBITMQ_PASSWORD")
+            .expect("OUTBOX_RABBITMQ_PASSWORD is not set (scripts/services)");
+        let rabbitmq = vec!["--sink".to_owned(), "rabbitmq".into()];
+        let relay = Relay::start_on(
+            &working_db,
+            &f.template,
+            &with_format(rabbitmq),
+            &[(
+                "RABBITMQ_URL".to_owned(),
+                rabbitmq_url.replace(&password, &secret),
+            )],
+            "debug",
+        );
+        printed
+            .relay(
+                &format!("{format} relay, refusing rabbitmq"),
                 relay,
                 "events wait, untouched",
             )

@@ -63,7 +63,7 @@ pub(super) struct DatabaseArgs {
 /// log_format = "human"       # or "json"
 ///
 /// [sink]
-/// type = "kafka"             # or "pulsar", "nats", "stdout"
+/// type = "kafka"             # or "pulsar", "nats", "rabbitmq", "stdout"
 /// brokers = "kafka-1:9093,kafka-2:9093"
 /// options = { "security.protocol" = "SASL_SSL", "sasl.mechanism" = "SCRAM-SHA-512",
 ///             "sasl.username" = "relay", "sasl.password" = "${KAFKA_PASSWORD}" }
@@ -332,6 +332,34 @@ pub(super) struct SinkSettings {
     #[cfg(feature = "nats")]
     #[arg(long = "nats-tls-client-key", help_heading = "NATS sink")]
     pub nats_tls_client_key: Option<PathBuf>,
+
+    /// The RabbitMQ broker, amqp://user:password@host:5672/%2f or amqps://… (the vhost
+    /// URL-encoded).
+    #[cfg(feature = "rabbitmq")]
+    #[arg(
+        long = "rabbitmq-url",
+        env = "RABBITMQ_URL",
+        hide_env_values = true,
+        help_heading = "RabbitMQ sink"
+    )]
+    pub rabbitmq_url: Option<Secret>,
+    /// A file holding the RabbitMQ URL (with its password), such as a mounted secret.
+    #[cfg(feature = "rabbitmq")]
+    #[arg(
+        long = "rabbitmq-url-file",
+        env = "RABBITMQ_URL_FILE",
+        help_heading = "RabbitMQ sink"
+    )]
+    pub rabbitmq_url_file: Option<PathBuf>,
+    /// The exchange events are published to, the topic as the routing key; it must exist
+    /// [default: the default exchange, which routes to the queue named by the topic].
+    #[cfg(feature = "rabbitmq")]
+    #[arg(long = "rabbitmq-exchange", help_heading = "RabbitMQ sink")]
+    pub rabbitmq_exchange: Option<String>,
+    /// PEM file of the certificate authorities trusted for the broker's certificate (amqps).
+    #[cfg(feature = "rabbitmq")]
+    #[arg(long = "rabbitmq-tls-ca-file", help_heading = "RabbitMQ sink")]
+    pub rabbitmq_tls_ca_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -590,6 +618,23 @@ impl Settings {
                     }
                 };
                 Ok(SinkConfig::Nats(nats))
+            }
+            #[cfg(feature = "rabbitmq")]
+            SinkKind::Rabbitmq => {
+                let url = sink
+                    .rabbitmq_url
+                    .as_ref()
+                    .map(Secret::expose)
+                    .unwrap_or_default();
+                if url.trim().is_empty() {
+                    return Err(UsageError(
+                        "the rabbitmq sink needs a broker URL: --rabbitmq-url, RABBITMQ_URL or `rabbitmq_url` in [sink]".into(),
+                    ));
+                }
+                let mut rabbitmq = crate::sink::rabbitmq::RabbitMqConfig::new(url);
+                rabbitmq.exchange = sink.rabbitmq_exchange.clone().unwrap_or_default();
+                rabbitmq.tls_ca_file = sink.rabbitmq_tls_ca_file.clone();
+                Ok(SinkConfig::RabbitMq(rabbitmq))
             }
         }
     }

@@ -181,5 +181,7 @@ pub(super) enum SinkKind {
     Pulsar,
     #[cfg(feature = "nats")]
     Nats,
+    #[cfg(feature = "rabbitmq")]
+    Rabbitmq,
     Stdout,
 }

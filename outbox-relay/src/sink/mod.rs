@@ -11,6 +11,8 @@ pub mod memory;
 pub mod nats;
 #[cfg(feature = "pulsar")]
 pub mod pulsar;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
 pub mod stdout;
 
 use futures::future::BoxFuture;
@@ -340,6 +342,9 @@ pub enum SinkConfig {
     /// NATS JetStream, through `async-nats`.
     #[cfg(feature = "nats")]
     Nats(nats::NatsConfig),
+    /// RabbitMQ, through `lapin`, with publisher confirms.
+    #[cfg(feature = "rabbitmq")]
+    RabbitMq(rabbitmq::RabbitMqConfig),
     /// One JSON line per event on standard output.
     Stdout,
 }
@@ -354,6 +359,8 @@ impl SinkConfig {
             SinkConfig::Pulsar(config) => Ok(Box::new(pulsar::PulsarSink::new(config)?)),
             #[cfg(feature = "nats")]
             SinkConfig::Nats(config) => Ok(Box::new(nats::NatsSink::new(config)?)),
+            #[cfg(feature = "rabbitmq")]
+            SinkConfig::RabbitMq(config) => Ok(Box::new(rabbitmq::RabbitMqSink::new(config))),
             SinkConfig::Stdout => Ok(Box::new(stdout::StdoutSink)),
         }
     }

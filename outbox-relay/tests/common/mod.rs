@@ -5,6 +5,7 @@ pub mod kafka;
 pub mod meters;
 pub mod nats;
 pub mod pulsar;
+pub mod rabbitmq;
 pub mod secure;
 pub mod wal;
 
