@@ -69,7 +69,7 @@ pub(crate) async fn send(
                 let verdict = if e.is_permanent() {
                     Verdict::Park(e.message)
                 } else {
-                    Verdict::Retry(e.message)
+                    Verdict::Retry(e.message, e.retry_after)
                 };
                 record(outlet, &row, &message.topic, verdict, &mut batch.outcome);
             }
@@ -133,18 +133,23 @@ fn record(
             tracing::error!(event_id = %row.id, %topic, error = %reason, "event parked");
             outcome.parked.push((row.key(), reason));
         }
-        Verdict::Retry(error) => {
+        Verdict::Retry(error, asked) => {
             let attempt = usize::try_from(row.attempts).unwrap_or(0);
-            let retry_in = outlet
+            let backoff = outlet
                 .config
                 .backoff()
                 .nth(attempt)
                 .unwrap_or(outlet.config.max_backoff);
+            // The broker's own wait, if it asked for one, within reason.
+            let retry_in = asked.map_or(backoff, |asked| asked.min(MAX_ASKED_WAIT).max(backoff));
             outcome.failed.push((row.key(), error, retry_in));
         }
         Verdict::Untouched => {}
     }
 }
+
+/// The longest wait a broker's `Retry-After` can impose on an event.
+const MAX_ASKED_WAIT: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A batch handed to the sink, its answers still to come.
 pub(crate) struct InFlight {

@@ -90,8 +90,9 @@ impl Admission {
 pub(crate) enum Verdict {
     /// Acked: mark it published (or delete it).
     Published,
-    /// Failed, may work later: count the attempt and retry after a backoff.
-    Retry(String),
+    /// Failed, may work later: count the attempt and retry after a backoff (no sooner than the
+    /// broker asked, if it did).
+    Retry(String, Option<std::time::Duration>),
     /// Can never work as it is: park it.
     Park(String),
     /// Leave it as it is: acked or not, an earlier event of its aggregate failed (rule 1), or the
@@ -123,7 +124,7 @@ impl Verdicts {
                 match e.kind {
                     FailureKind::Permanent => Verdict::Park(e.message),
                     FailureKind::Unavailable => Verdict::Untouched,
-                    _ => Verdict::Retry(e.message),
+                    _ => Verdict::Retry(e.message, e.retry_after),
                 }
             }
         }
@@ -238,7 +239,7 @@ mod tests {
         assert_eq!(
             got,
             [
-                Verdict::Retry("timed out".into()),
+                Verdict::Retry("timed out".into(), None),
                 Verdict::Untouched,
                 Verdict::Published,
                 Verdict::Untouched,

@@ -1,7 +1,7 @@
 //! No secret is ever printed: a distinctive secret in every place a secret can be given (the
 //! database URL's user-info and `password=` parameter, librdkafka's `sasl.password`,
 //! `ssl.key.password` and `sasl.oauthbearer.client.secret`, a Pulsar token, a NATS token, the
-//! password in a NATS URL and in a RabbitMQ URL), from flags, the
+//! password in a NATS URL, in a RabbitMQ URL and in a webhook URL), from flags, the
 //! environment and files, reaches none of stdout, stderr, `/metrics` or `/readyz` of the relay and
 //! of `status`, `failed` and `migrate`, at debug level, in human and JSON logs, with a failing
 //! database and a refusing broker.
@@ -200,6 +200,34 @@ async fn no_secret_reaches_any_output() {
         printed
             .relay(
                 &format!("{format} relay, refusing rabbitmq"),
+                relay,
+                "events wait, untouched",
+            )
+            .await;
+        // A webhook receiver that cannot be reached, its URL carrying the secret as a password.
+        let webhook = vec!["--sink".to_owned(), "webhook".into()];
+        let relay = Relay::start_on(
+            &working_db,
+            &f.template,
+            &with_format(webhook),
+            &[
+                (
+                    "WEBHOOK_URL".to_owned(),
+                    format!(
+                        "http://relay:{secret}@127.0.0.1:{}/{{topic}}",
+                        common::free_port()
+                    ),
+                ),
+                (
+                    "WEBHOOK_SECRET".to_owned(),
+                    "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned(),
+                ),
+            ],
+            "debug",
+        );
+        printed
+            .relay(
+                &format!("{format} relay, unreachable webhook"),
                 relay,
                 "events wait, untouched",
             )

@@ -8,7 +8,7 @@
 //!   `OUTBOX_KAFKA_OPTION_<KEY>` (`sasl.password` is `OUTBOX_KAFKA_OPTION_SASL_PASSWORD`);
 //! - files, as Kubernetes and Docker mount secrets: `DATABASE_URL_FILE`, `PULSAR_TOKEN_FILE`,
 //!   `OUTBOX_KAFKA_OPTION_<KEY>_FILE`, or the keys `database_url_file`, `token_file`,
-//!   `oauth2_credentials_url_file`, `nats_token_file`, `nats_nkey_seed_file`, `rabbitmq_url_file` (the file's content, less its final line breaks, is the value;
+//!   `oauth2_credentials_url_file`, `nats_token_file`, `nats_nkey_seed_file`, `rabbitmq_url_file`, `webhook_url_file`, `webhook_secret_file` (the file's content, less its final line breaks, is the value;
 //!   when both forms are set in one layer, the file wins; a file every user of the host may read
 //!   gets a warning);
 //! - the config file expands `${NAME}` from the environment and `${file:PATH}` from a file in any
@@ -39,13 +39,15 @@ fn warn(warning: String) {
 }
 
 /// Settings that name a secret, and so also take a `_file` form.
-const SECRET_FILE_KEYS: [&str; 6] = [
+const SECRET_FILE_KEYS: [&str; 8] = [
     "database_url",
     "sink.token",
     "sink.oauth2_credentials_url",
     "sink.nats_token",
     "sink.nats_nkey_seed",
     "sink.rabbitmq_url",
+    "sink.webhook_url",
+    "sink.webhook_secret",
 ];
 
 /// The prefix of environment variables that set librdkafka options.

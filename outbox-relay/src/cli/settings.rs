@@ -63,7 +63,7 @@ pub(super) struct DatabaseArgs {
 /// log_format = "human"       # or "json"
 ///
 /// [sink]
-/// type = "kafka"             # or "pulsar", "nats", "rabbitmq", "stdout"
+/// type = "kafka"             # or "pulsar", "nats", "rabbitmq", "webhook", "stdout"
 /// brokers = "kafka-1:9093,kafka-2:9093"
 /// options = { "security.protocol" = "SASL_SSL", "sasl.mechanism" = "SCRAM-SHA-512",
 ///             "sasl.username" = "relay", "sasl.password" = "${KAFKA_PASSWORD}" }
@@ -360,6 +360,50 @@ pub(super) struct SinkSettings {
     #[cfg(feature = "rabbitmq")]
     #[arg(long = "rabbitmq-tls-ca-file", help_heading = "RabbitMQ sink")]
     pub rabbitmq_tls_ca_file: Option<PathBuf>,
+
+    /// Where each event is POSTed, `{topic}` replaced by its topic
+    /// (`https://hooks.example.com/events/{topic}`).
+    #[cfg(feature = "webhook")]
+    #[arg(
+        long = "webhook-url",
+        env = "WEBHOOK_URL",
+        hide_env_values = true,
+        help_heading = "Webhook sink"
+    )]
+    pub webhook_url: Option<Secret>,
+    /// A file holding the webhook URL template, such as a mounted secret.
+    #[cfg(feature = "webhook")]
+    #[arg(
+        long = "webhook-url-file",
+        env = "WEBHOOK_URL_FILE",
+        help_heading = "Webhook sink"
+    )]
+    pub webhook_url_file: Option<PathBuf>,
+    /// The Standard Webhooks signing secret (`whsec_` and base64).
+    #[cfg(feature = "webhook")]
+    #[arg(
+        long = "webhook-secret",
+        env = "WEBHOOK_SECRET",
+        hide_env_values = true,
+        help_heading = "Webhook sink"
+    )]
+    pub webhook_secret: Option<Secret>,
+    /// A file holding the webhook signing secret, such as a mounted secret.
+    #[cfg(feature = "webhook")]
+    #[arg(
+        long = "webhook-secret-file",
+        env = "WEBHOOK_SECRET_FILE",
+        help_heading = "Webhook sink"
+    )]
+    pub webhook_secret_file: Option<PathBuf>,
+    /// How long one request may take [default: 10s].
+    #[cfg(feature = "webhook")]
+    #[arg(long = "webhook-timeout", help_heading = "Webhook sink")]
+    pub webhook_timeout: Option<Wait>,
+    /// PEM file of the certificate authorities trusted for the receiver's certificate (https).
+    #[cfg(feature = "webhook")]
+    #[arg(long = "webhook-tls-ca-file", help_heading = "Webhook sink")]
+    pub webhook_tls_ca_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -635,6 +679,30 @@ impl Settings {
                 rabbitmq.exchange = sink.rabbitmq_exchange.clone().unwrap_or_default();
                 rabbitmq.tls_ca_file = sink.rabbitmq_tls_ca_file.clone();
                 Ok(SinkConfig::RabbitMq(rabbitmq))
+            }
+            #[cfg(feature = "webhook")]
+            SinkKind::Webhook => {
+                let url = sink
+                    .webhook_url
+                    .as_ref()
+                    .map(Secret::expose)
+                    .unwrap_or_default();
+                if url.trim().is_empty() {
+                    return Err(UsageError(
+                        "the webhook sink needs a URL: --webhook-url, WEBHOOK_URL or `webhook_url` in [sink]".into(),
+                    ));
+                }
+                let secret = sink.webhook_secret.clone().ok_or_else(|| {
+                    UsageError(
+                        "the webhook sink needs a signing secret: --webhook-secret-file, WEBHOOK_SECRET or `webhook_secret` in [sink]".into(),
+                    )
+                })?;
+                let mut webhook = crate::sink::webhook::WebhookConfig::new(url, secret);
+                if let Some(Wait(d)) = sink.webhook_timeout {
+                    webhook.timeout = d;
+                }
+                webhook.tls_ca_file = sink.webhook_tls_ca_file.clone();
+                Ok(SinkConfig::Webhook(webhook))
             }
         }
     }

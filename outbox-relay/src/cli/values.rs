@@ -183,5 +183,7 @@ pub(super) enum SinkKind {
     Nats,
     #[cfg(feature = "rabbitmq")]
     Rabbitmq,
+    #[cfg(feature = "webhook")]
+    Webhook,
     Stdout,
 }

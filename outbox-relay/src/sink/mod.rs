@@ -14,6 +14,8 @@ pub mod pulsar;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
 pub mod stdout;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -93,6 +95,9 @@ pub struct SinkError {
     pub message: String,
     /// What the relay should do about it.
     pub kind: FailureKind,
+    /// How long the broker asked the relay to wait before trying the event again (HTTP's
+    /// `Retry-After`): a transient failure is retried no sooner, up to an hour.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 /// The kind of a [`SinkError`].
@@ -114,6 +119,7 @@ impl SinkError {
         SinkError {
             message: message.into(),
             kind: FailureKind::Transient,
+            retry_after: None,
         }
     }
 
@@ -122,6 +128,7 @@ impl SinkError {
         SinkError {
             message: message.into(),
             kind: FailureKind::Permanent,
+            retry_after: None,
         }
     }
 
@@ -130,7 +137,21 @@ impl SinkError {
         SinkError {
             message: message.into(),
             kind: FailureKind::Unavailable,
+            retry_after: None,
         }
+    }
+
+    /// The same failure, retried no sooner than `after` (a broker's `Retry-After`).
+    ///
+    /// ```
+    /// # use seaorm_outbox_relay::sink::SinkError;
+    /// # use std::time::Duration;
+    /// let busy = SinkError::new("HTTP 429").with_retry_after(Duration::from_secs(30));
+    /// assert_eq!(busy.retry_after, Some(Duration::from_secs(30)));
+    /// ```
+    pub fn with_retry_after(mut self, after: std::time::Duration) -> Self {
+        self.retry_after = Some(after);
+        self
     }
 
     /// Whether retrying cannot fix it.
@@ -345,6 +366,9 @@ pub enum SinkConfig {
     /// RabbitMQ, through `lapin`, with publisher confirms.
     #[cfg(feature = "rabbitmq")]
     RabbitMq(rabbitmq::RabbitMqConfig),
+    /// HTTP webhooks, through `reqwest`, signed as Standard Webhooks.
+    #[cfg(feature = "webhook")]
+    Webhook(webhook::WebhookConfig),
     /// One JSON line per event on standard output.
     Stdout,
 }
@@ -361,6 +385,8 @@ impl SinkConfig {
             SinkConfig::Nats(config) => Ok(Box::new(nats::NatsSink::new(config)?)),
             #[cfg(feature = "rabbitmq")]
             SinkConfig::RabbitMq(config) => Ok(Box::new(rabbitmq::RabbitMqSink::new(config))),
+            #[cfg(feature = "webhook")]
+            SinkConfig::Webhook(config) => Ok(Box::new(webhook::WebhookSink::new(config)?)),
             SinkConfig::Stdout => Ok(Box::new(stdout::StdoutSink)),
         }
     }
