@@ -321,3 +321,47 @@ async fn tls_with_the_servers_ca_publishes_and_an_unrelated_ca_leaves_the_rows_u
     drain(&f, &config, Duration::from_secs(60)).await;
     assert_eq!(stored(&mut stream).await.len(), 1, "published over TLS");
 }
+
+/// The other logins, on a server configured for them: a user with a password (in the URL) and a
+/// user with an NKey publish; a wrong password leaves the rows untouched.
+#[tokio::test]
+async fn a_user_with_a_password_and_a_user_with_an_nkey_log_in() {
+    use common::nats::{create_stream_with, nkey_seed, user_password, users_url};
+    let f = Fixture::new().await;
+    let client =
+        async_nats::ConnectOptions::with_user_and_password("relay".into(), user_password())
+            .connect(users_url())
+            .await
+            .expect("connect to the second NATS server");
+    let mut stream = create_stream_with(client, &f, vec![format!("{}.>", f.prefix)]).await;
+    let with_login =
+        |password: &str| users_url().replacen("nats://", &format!("nats://relay:{password}@"), 1);
+
+    record_order(&f, "o1").await;
+    let mut config = NatsConfig::new(with_login("wrong-password"));
+    config.ack_timeout = Duration::from_secs(5);
+    run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
+    assert_eq!(
+        f.scalar(TOUCHED).await,
+        0,
+        "a refused password touched rows"
+    );
+
+    let config = NatsConfig::new(with_login(&user_password()));
+    drain(&f, &config, Duration::from_secs(60)).await;
+    assert_eq!(
+        stored(&mut stream).await.len(),
+        1,
+        "published with user and password"
+    );
+
+    record_order(&f, "o2").await;
+    let mut config = NatsConfig::new(users_url());
+    config.nkey_seed = Some(Secret::new(nkey_seed()));
+    drain(&f, &config, Duration::from_secs(60)).await;
+    assert_eq!(
+        stored(&mut stream).await.len(),
+        2,
+        "published with the NKey"
+    );
+}

@@ -19,6 +19,24 @@ pub fn token() -> String {
     std::env::var("OUTBOX_NATS_TOKEN").expect("OUTBOX_NATS_TOKEN is not set (scripts/services)")
 }
 
+/// The second test server, which takes a user with a password and a user with an NKey.
+pub fn users_url() -> String {
+    std::env::var("OUTBOX_NATS_USERS_URL")
+        .expect("OUTBOX_NATS_USERS_URL is not set (scripts/services start nats)")
+}
+
+/// The password of user `relay` on [`users_url`]'s server.
+pub fn user_password() -> String {
+    std::env::var("OUTBOX_NATS_USER_PASSWORD")
+        .expect("OUTBOX_NATS_USER_PASSWORD is not set (scripts/services start nats)")
+}
+
+/// The NKey seed of the NKey user on [`users_url`]'s server.
+pub fn nkey_seed() -> String {
+    std::env::var("OUTBOX_NATS_NKEY_SEED")
+        .expect("OUTBOX_NATS_NKEY_SEED is not set (scripts/services start nats)")
+}
+
 /// The relay binary's arguments to publish to the test server.
 pub fn relay_args() -> Vec<String> {
     [
@@ -39,6 +57,15 @@ pub async fn create_stream(f: &Fixture, subjects: Vec<String>) -> stream::Stream
         .connect(url())
         .await
         .expect("connect to NATS");
+    create_stream_with(client, f, subjects).await
+}
+
+/// [`create_stream`] on the server `client` is connected to.
+pub async fn create_stream_with(
+    client: async_nats::Client,
+    f: &Fixture,
+    subjects: Vec<String>,
+) -> stream::Stream {
     jetstream::new(client)
         .create_stream(stream::Config {
             name: f.prefix.clone(),
