@@ -9,13 +9,11 @@ use common::Fixture;
 use common::nats::{create_stream, header, stored, token, url};
 use seaorm_outbox::sea_orm::{ConnectionTrait, TransactionTrait};
 use seaorm_outbox::{NewEvent, OutboxEvent, Secret, Uuid};
-use seaorm_outbox_relay::Relay;
 use seaorm_outbox_relay::sink::nats::{NatsConfig, NatsSink};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "order", key = "order_id")]
@@ -37,17 +35,9 @@ fn sink_config(token: &str) -> NatsConfig {
     config
 }
 
-/// Runs a relay publishing to NATS until `done` resolves, then stops it.
+/// Runs a relay publishing with `config` until `done` resolves, then stops it.
 async fn run_relay_until(f: &Fixture, config: &NatsConfig, done: impl Future<Output = ()>) {
-    let relay = Relay::new(f.relay_config(), NatsSink::new(config).expect("the sink"));
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await.expect("the relay refused to run") }
-    });
-    done.await;
-    shutdown.cancel();
-    running.await.unwrap();
+    common::run_relay_until(f, NatsSink::new(config).expect("the sink"), done).await;
 }
 
 /// Runs a relay publishing to NATS until the backlog is empty (or `timeout`), then stops it.
@@ -67,10 +57,6 @@ async fn record_order(f: &Fixture, order_id: &str) {
     .unwrap();
     txn.commit().await.unwrap();
 }
-
-/// Rows the relay wrote anything to (published, parked or counted a failed attempt).
-const TOUCHED: &str = "SELECT count(*) FROM outbox \
-     WHERE published_at IS NOT NULL OR parked_at IS NOT NULL OR attempts > 0";
 
 #[tokio::test]
 async fn events_reach_jetstream_with_headers_and_order_and_a_resent_batch_is_stored_once() {
@@ -201,7 +187,7 @@ async fn a_refused_token_leaves_the_rows_untouched() {
     let refused = sink_config("not-the-token");
     run_relay_until(&f, &refused, tokio::time::sleep(Duration::from_secs(3))).await;
 
-    let touched = f.scalar(TOUCHED).await;
+    let touched = f.scalar(common::TOUCHED).await;
     assert_eq!(touched, 0, "nothing recorded against the event");
     assert_eq!(f.backlog().await, 1);
     assert_eq!(stored(&mut stream).await.len(), 0);
@@ -311,7 +297,7 @@ async fn tls_with_the_servers_ca_publishes_and_an_unrelated_ca_leaves_the_rows_u
     config.url = Secret::new(tls_url());
     config.tls_ca_file = Some(tls_file("other-ca.pem"));
     run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
-    let touched = f.scalar(TOUCHED).await;
+    let touched = f.scalar(common::TOUCHED).await;
     assert_eq!(
         touched, 0,
         "an unverified server gets nothing, and the event is not blamed"
@@ -342,7 +328,7 @@ async fn a_user_with_a_password_and_a_user_with_an_nkey_log_in() {
     config.ack_timeout = Duration::from_secs(5);
     run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
     assert_eq!(
-        f.scalar(TOUCHED).await,
+        f.scalar(common::TOUCHED).await,
         0,
         "a refused password touched rows"
     );

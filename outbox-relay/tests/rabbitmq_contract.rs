@@ -10,13 +10,11 @@ use common::Fixture;
 use common::rabbitmq::{Delivered, consume, declare_queue, open, password, tls_url, url};
 use seaorm_outbox::sea_orm::TransactionTrait;
 use seaorm_outbox::{NewEvent, OutboxEvent, Uuid};
-use seaorm_outbox_relay::Relay;
 use seaorm_outbox_relay::sink::rabbitmq::{RabbitMqConfig, RabbitMqSink};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "order", key = "order_id")]
@@ -31,22 +29,10 @@ struct InvoiceSent {
     invoice_id: String,
 }
 
-/// Runs a relay publishing to RabbitMQ until `done` resolves, then stops it.
+/// Runs a relay publishing with `config` until `done` resolves, then stops it.
 async fn run_relay_until(f: &Fixture, config: &RabbitMqConfig, done: impl Future<Output = ()>) {
-    let relay = Relay::new(f.relay_config(), RabbitMqSink::new(config));
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await.expect("the relay refused to run") }
-    });
-    done.await;
-    shutdown.cancel();
-    running.await.unwrap();
+    common::run_relay_until(f, RabbitMqSink::new(config), done).await;
 }
-
-/// Rows the relay wrote anything to (published, parked or counted a failed attempt).
-const TOUCHED: &str = "SELECT count(*) FROM outbox \
-     WHERE published_at IS NOT NULL OR parked_at IS NOT NULL OR attempts > 0";
 
 async fn record_order(f: &Fixture, order_id: &str, n: i64) {
     let txn = f.db.begin().await.unwrap();
@@ -173,7 +159,7 @@ async fn a_refused_password_and_a_missing_exchange_leave_the_rows_untouched() {
     config.ack_timeout = Duration::from_secs(5);
     run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
     assert_eq!(
-        f.scalar(TOUCHED).await,
+        f.scalar(common::TOUCHED).await,
         0,
         "the refused password touched rows"
     );
@@ -182,7 +168,7 @@ async fn a_refused_password_and_a_missing_exchange_leave_the_rows_untouched() {
     config.exchange = format!("missing-{}", Uuid::now_v7().simple());
     run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
     assert_eq!(
-        f.scalar(TOUCHED).await,
+        f.scalar(common::TOUCHED).await,
         0,
         "the missing exchange touched rows"
     );
@@ -253,7 +239,11 @@ async fn amqps_with_the_brokers_ca_publishes_and_an_unrelated_ca_leaves_the_rows
     let mut config = RabbitMqConfig::new(tls_url());
     config.tls_ca_file = Some(tls_dir.join("other-ca.pem"));
     run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
-    assert_eq!(f.scalar(TOUCHED).await, 0, "an unrelated CA touched rows");
+    assert_eq!(
+        f.scalar(common::TOUCHED).await,
+        0,
+        "an unrelated CA touched rows"
+    );
 
     config.tls_ca_file = Some(tls_dir.join("ca.pem"));
     run_relay_until(&f, &config, f.wait_until_drained(Duration::from_secs(60))).await;

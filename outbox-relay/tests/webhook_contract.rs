@@ -12,7 +12,6 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use common::Fixture;
 use seaorm_outbox::sea_orm::TransactionTrait;
 use seaorm_outbox::{OutboxEvent, Secret};
-use seaorm_outbox_relay::Relay;
 use seaorm_outbox_relay::sink::webhook::{WebhookConfig, WebhookSink};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -20,7 +19,6 @@ use std::future::Future;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -128,19 +126,9 @@ fn ok_after(delay: Duration) -> Answer {
     Arc::new(move |_, _| (200, vec![], String::new(), delay))
 }
 
+/// Runs a relay publishing with `config` until `done` resolves, then stops it.
 async fn run_relay_until(f: &Fixture, config: &WebhookConfig, done: impl Future<Output = ()>) {
-    let relay = Relay::new(
-        f.relay_config(),
-        WebhookSink::new(config).expect("the sink"),
-    );
-    let shutdown = CancellationToken::new();
-    let running = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { relay.run(shutdown).await.expect("the relay refused to run") }
-    });
-    done.await;
-    shutdown.cancel();
-    running.await.unwrap();
+    common::run_relay_until(f, WebhookSink::new(config).expect("the sink"), done).await;
 }
 
 async fn record_order(f: &Fixture, order_id: &str, n: i64) {
@@ -154,10 +142,6 @@ async fn record_order(f: &Fixture, order_id: &str, n: i64) {
     .unwrap();
     txn.commit().await.unwrap();
 }
-
-/// Rows the relay wrote anything to (published, parked or counted a failed attempt).
-const TOUCHED: &str = "SELECT count(*) FROM outbox \
-     WHERE published_at IS NOT NULL OR parked_at IS NOT NULL OR attempts > 0";
 
 /// Whether the Standard Webhooks reference library accepts each call's signature: one line per
 /// call, `ok` or its error.
@@ -375,13 +359,13 @@ async fn a_refusal_and_an_unreachable_receiver_leave_the_rows_untouched() {
     let config = WebhookConfig::new(receiver.url(), Secret::new(SECRET));
     run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
     assert!(!receiver.calls().is_empty(), "the receiver was asked");
-    assert_eq!(f.scalar(TOUCHED).await, 0, "a refusal touched rows");
+    assert_eq!(f.scalar(common::TOUCHED).await, 0, "a refusal touched rows");
 
     let unreachable = format!("http://127.0.0.1:{}/hooks/{{topic}}", common::free_port());
     let config = WebhookConfig::new(unreachable, Secret::new(SECRET));
     run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
     assert_eq!(
-        f.scalar(TOUCHED).await,
+        f.scalar(common::TOUCHED).await,
         0,
         "an unreachable receiver touched rows"
     );

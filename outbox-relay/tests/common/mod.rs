@@ -483,3 +483,24 @@ pub async fn explain_in(txn: &DatabaseTransaction, query: &str) -> String {
         .collect();
     plan.join("\n")
 }
+
+/// Runs a relay over the fixture publishing to `sink` until `done` resolves, then stops it.
+pub async fn run_relay_until(
+    f: &Fixture,
+    sink: impl seaorm_outbox_relay::sink::Sink + 'static,
+    done: impl std::future::Future<Output = ()>,
+) {
+    let relay = seaorm_outbox_relay::Relay::new(f.relay_config(), sink);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
+    });
+    done.await;
+    shutdown.cancel();
+    running.await.unwrap();
+}
+
+/// Rows the relay wrote anything to (published, parked or counted a failed attempt).
+pub const TOUCHED: &str = "SELECT count(*) FROM outbox \
+     WHERE published_at IS NOT NULL OR parked_at IS NOT NULL OR attempts > 0";
