@@ -8,9 +8,8 @@
 mod common;
 
 use common::Fixture;
-use common::meters::{Writer, reading, readings};
+use common::meters::{Writer, drain_through_ten_kills, insert_readings, reading, readings};
 use common::nats::{create_stream, header, relay_args, stored};
-use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 static ONE_FAULT_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -43,40 +42,10 @@ async fn the_relay_killed_ten_times_during_a_20k_drain_stores_every_event_once_i
     const METERS: u64 = 200;
     let f = Fixture::new().await;
     let mut stream = create_stream(&f, vec![format!("{}.>", f.prefix)]).await;
-    f.db.execute_unprepared(&format!(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-         SELECT gen_random_uuid(), 'meter', 'm-' || (g % {METERS}), 'Reading',
-                jsonb_build_object('meter', 'm-' || (g % {METERS}), 'n', g)
-         FROM generate_series(0, {}) g ORDER BY g",
-        TOTAL - 1
-    ))
-    .await
-    .unwrap();
+    insert_readings(&f, TOTAL, METERS).await;
 
-    let published = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
-    for kill in 0..10 {
-        // Small batches: the drain must outlast ten kills.
-        let mut relay = spawn_relay(&f, &["--batch-size", "100"]);
-        // Let it publish a little more than before, then kill it at a moment it did not choose.
-        let target = f.scalar(published).await + 300 + kill * 37;
-        f.wait_until_zero(
-            &format!(
-                "SELECT CASE WHEN count(*) >= {target} THEN 0 ELSE 1 END::bigint FROM outbox
-                 WHERE published_at IS NOT NULL"
-            ),
-            Duration::from_secs(60),
-        )
-        .await;
-        common::signal(&relay, "KILL");
-        relay.wait().unwrap();
-    }
-    eprintln!(
-        "{} events left after ten kills",
-        TOTAL as i64 - f.scalar(published).await
-    );
-    let mut relay = spawn_relay(&f, &["--batch-size", "100"]);
-    f.wait_until_drained(Duration::from_secs(120)).await;
-    assert_eq!(common::terminate(&mut relay), Some(0));
+    // Small batches: the drain must outlast ten kills.
+    drain_through_ten_kills(&f, 300, || spawn_relay(&f, &["--batch-size", "100"])).await;
 
     let arrived = stored_readings(&mut stream).await;
     let duplicates = common::assert_complete_and_ordered(arrived, &readings(TOTAL, METERS));

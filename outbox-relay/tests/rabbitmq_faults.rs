@@ -6,6 +6,7 @@
 mod common;
 
 use common::Fixture;
+use common::meters::{drain_through_ten_kills, insert_readings};
 use common::rabbitmq::{consume, declare_queue, open, relay_args};
 use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::time::Duration;
@@ -21,40 +22,14 @@ async fn the_relay_killed_ten_times_during_a_20k_drain_loses_nothing() {
     let (_connection, channel) = open().await;
     let queue = f.topic("meter");
     declare_queue(&channel, &queue, true).await;
-    f.db.execute_unprepared(&format!(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-         SELECT gen_random_uuid(), 'meter', 'm-' || (g % {METERS}), 'Reading',
-                jsonb_build_object('meter', 'm-' || (g % {METERS}), 'n', g)
-         FROM generate_series(0, {}) g ORDER BY g",
-        TOTAL - 1
-    ))
-    .await
-    .unwrap();
+    insert_readings(&f, TOTAL, METERS).await;
     let sink = relay_args();
     let sink: Vec<&str> = sink.iter().map(String::as_str).collect();
-    let published = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
-    for kill in 0..10 {
-        // Small batches: the drain must outlast ten kills.
-        let mut relay = f.spawn_relay_to(&sink, &["--batch-size", "100"]);
-        let target = f.scalar(published).await + 300 + kill * 37;
-        f.wait_until_zero(
-            &format!(
-                "SELECT CASE WHEN count(*) >= {target} THEN 0 ELSE 1 END::bigint FROM outbox
-                 WHERE published_at IS NOT NULL"
-            ),
-            Duration::from_secs(60),
-        )
-        .await;
-        common::signal(&relay, "KILL");
-        relay.wait().unwrap();
-    }
-    eprintln!(
-        "{} events left after ten kills",
-        TOTAL as i64 - f.scalar(published).await
-    );
-    let mut relay = f.spawn_relay_to(&sink, &["--batch-size", "100"]);
-    f.wait_until_drained(Duration::from_secs(120)).await;
-    assert_eq!(common::terminate(&mut relay), Some(0));
+    // Small batches: the drain must outlast ten kills.
+    drain_through_ten_kills(&f, 300, || {
+        f.spawn_relay_to(&sink, &["--batch-size", "100"])
+    })
+    .await;
 
     let received = consume(&channel, &queue, TOTAL as usize, Duration::from_secs(120)).await;
     let arrived = received.iter().map(|m| {

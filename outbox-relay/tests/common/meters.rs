@@ -112,3 +112,46 @@ pub fn assert_complete_and_ordered(received: &[Received], total: u64, meters: u6
         .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap()));
     super::assert_complete_and_ordered(arrived, &readings(total, meters))
 }
+
+/// Inserts readings 0..total of `meters` meters into the fixture's outbox at once, in order.
+pub async fn insert_readings(f: &Fixture, total: u64, meters: u64) {
+    use seaorm_outbox::sea_orm::ConnectionTrait;
+    f.db.execute_unprepared(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'meter', 'm-' || (g % {meters}), 'Reading',
+                jsonb_build_object('meter', 'm-' || (g % {meters}), 'n', g)
+         FROM generate_series(0, {}) g ORDER BY g",
+        total - 1
+    ))
+    .await
+    .unwrap();
+}
+
+/// Drains the fixture's outbox through relays started by `spawn`: ten are killed (SIGKILL) at
+/// moments they did not choose, each once it published about `step` more events than the one
+/// before; an eleventh drains the rest and stops cleanly.
+pub async fn drain_through_ten_kills(
+    f: &Fixture,
+    step: i64,
+    spawn: impl Fn() -> super::KillOnDrop,
+) {
+    let published = "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL";
+    for kill in 0..10 {
+        let mut relay = spawn();
+        let target = f.scalar(published).await + step + kill * (step / 8);
+        f.wait_until_zero(
+            &format!(
+                "SELECT CASE WHEN count(*) >= {target} THEN 0 ELSE 1 END::bigint FROM outbox
+                 WHERE published_at IS NOT NULL"
+            ),
+            Duration::from_secs(60),
+        )
+        .await;
+        super::signal(&relay, "KILL");
+        relay.wait().unwrap();
+    }
+    eprintln!("{} events left after ten kills", f.backlog().await);
+    let mut relay = spawn();
+    f.wait_until_drained(Duration::from_secs(120)).await;
+    assert_eq!(super::terminate(&mut relay), Some(0));
+}
