@@ -1,7 +1,7 @@
 //! No secret is ever printed: a distinctive secret in every place a secret can be given (the
 //! database URL's user-info and `password=` parameter, librdkafka's `sasl.password`,
 //! `ssl.key.password` and `sasl.oauthbearer.client.secret`, a Pulsar token, a NATS token, the
-//! password in a NATS URL, in a RabbitMQ URL and in a webhook URL), from flags, the
+//! password in a NATS URL, in a RabbitMQ URL and in a webhook URL, an AWS secret access key), from flags, the
 //! environment and files, reaches none of stdout, stderr, `/metrics` or `/readyz` of the relay and
 //! of `status`, `failed` and `migrate`, at debug level, in human and JSON logs, with a failing
 //! database and a refusing broker.
@@ -228,6 +228,36 @@ async fn no_secret_reaches_any_output() {
         printed
             .relay(
                 &format!("{format} relay, unreachable webhook"),
+                relay,
+                "events wait, untouched",
+            )
+            .await;
+        // SQS refusing the AWS credentials (a moto server that knows no user).
+        let refusing = std::env::var("OUTBOX_MOTO_AUTH_URL").expect(
+            "OUTBOX_MOTO_AUTH_URL is not set: scripts/services start moto (scripts/test does)",
+        );
+        let sqs = vec![
+            "--sink".to_owned(),
+            "sqs".into(),
+            "--aws-endpoint-url".into(),
+            refusing,
+        ];
+        let relay = Relay::start_on(
+            &working_db,
+            &f.template,
+            &with_format(sqs),
+            &[
+                (
+                    "AWS_ACCESS_KEY_ID".to_owned(),
+                    "AKIAOUTBOXSECRETS".to_owned(),
+                ),
+                ("AWS_SECRET_ACCESS_KEY".to_owned(), secret.clone()),
+            ],
+            "debug",
+        );
+        printed
+            .relay(
+                &format!("{format} relay, refusing sqs"),
                 relay,
                 "events wait, untouched",
             )

@@ -63,7 +63,7 @@ pub(super) struct DatabaseArgs {
 /// log_format = "human"       # or "json"
 ///
 /// [sink]
-/// type = "kafka"             # or "pulsar", "nats", "rabbitmq", "webhook", "stdout"
+/// type = "kafka"             # or "pulsar", "nats", "rabbitmq", "webhook", "sqs", "sns", "stdout"
 /// brokers = "kafka-1:9093,kafka-2:9093"
 /// options = { "security.protocol" = "SASL_SSL", "sasl.mechanism" = "SCRAM-SHA-512",
 ///             "sasl.username" = "relay", "sasl.password" = "${KAFKA_PASSWORD}" }
@@ -404,6 +404,43 @@ pub(super) struct SinkSettings {
     #[cfg(feature = "webhook")]
     #[arg(long = "webhook-tls-ca-file", help_heading = "Webhook sink")]
     pub webhook_tls_ca_file: Option<PathBuf>,
+
+    /// The AWS region of the SQS queues or SNS topics [default: the AWS chain's, as AWS_REGION].
+    /// Credentials always come from the standard AWS chain.
+    #[cfg(any(feature = "sqs", feature = "sns"))]
+    #[arg(long = "aws-region", help_heading = "SQS and SNS sinks")]
+    pub aws_region: Option<String>,
+    /// Another endpoint than AWS's, such as a local SQS-compatible server [default: the AWS
+    /// chain's, as AWS_ENDPOINT_URL].
+    #[cfg(any(feature = "sqs", feature = "sns"))]
+    #[arg(long = "aws-endpoint-url", help_heading = "SQS and SNS sinks")]
+    pub aws_endpoint_url: Option<String>,
+    /// The largest message, body and attributes, in bytes: a larger event is parked
+    /// [default: 262144].
+    #[cfg(any(feature = "sqs", feature = "sns"))]
+    #[arg(long = "aws-max-message-bytes", help_heading = "SQS and SNS sinks")]
+    pub aws_max_message_bytes: Option<usize>,
+    /// Put before a topic that is not an ARN to make its SNS topic ARN
+    /// (`arn:aws:sns:eu-west-1:123456789012:`).
+    #[cfg(feature = "sns")]
+    #[arg(long = "sns-topic-arn-prefix", help_heading = "SQS and SNS sinks")]
+    pub sns_topic_arn_prefix: Option<String>,
+}
+
+#[cfg(any(feature = "sqs", feature = "sns"))]
+impl SinkSettings {
+    /// The SQS and SNS sinks' AWS settings.
+    fn aws_settings(&self) -> crate::sink::aws::AwsSettings {
+        let defaults = crate::sink::aws::AwsSettings::default();
+        crate::sink::aws::AwsSettings {
+            region: self.aws_region.clone(),
+            endpoint_url: self.aws_endpoint_url.clone(),
+            max_message_bytes: self
+                .aws_max_message_bytes
+                .unwrap_or(defaults.max_message_bytes),
+            ..defaults
+        }
+    }
 }
 
 impl Settings {
@@ -704,6 +741,15 @@ impl Settings {
                 webhook.tls_ca_file = sink.webhook_tls_ca_file.clone();
                 Ok(SinkConfig::Webhook(webhook))
             }
+            #[cfg(feature = "sqs")]
+            SinkKind::Sqs => Ok(SinkConfig::Sqs(crate::sink::sqs::SqsConfig {
+                aws: sink.aws_settings(),
+            })),
+            #[cfg(feature = "sns")]
+            SinkKind::Sns => Ok(SinkConfig::Sns(crate::sink::sns::SnsConfig {
+                aws: sink.aws_settings(),
+                topic_arn_prefix: sink.sns_topic_arn_prefix.clone(),
+            })),
         }
     }
 }

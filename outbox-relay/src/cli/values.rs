@@ -185,5 +185,9 @@ pub(super) enum SinkKind {
     Rabbitmq,
     #[cfg(feature = "webhook")]
     Webhook,
+    #[cfg(feature = "sqs")]
+    Sqs,
+    #[cfg(feature = "sns")]
+    Sns,
     Stdout,
 }

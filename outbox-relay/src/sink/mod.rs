@@ -4,6 +4,8 @@
 //! TOML file) that builds a running layer (a [`Sink`]). To publish somewhere else, implement
 //! [`Sink`] and hand it to [`Relay::new`](crate::Relay::new).
 
+#[cfg(any(feature = "sqs", feature = "sns"))]
+pub mod aws;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod memory;
@@ -13,6 +15,10 @@ pub mod nats;
 pub mod pulsar;
 #[cfg(feature = "rabbitmq")]
 pub mod rabbitmq;
+#[cfg(feature = "sns")]
+pub mod sns;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 pub mod stdout;
 #[cfg(feature = "webhook")]
 pub mod webhook;
@@ -369,6 +375,12 @@ pub enum SinkConfig {
     /// HTTP webhooks, through `reqwest`, signed as Standard Webhooks.
     #[cfg(feature = "webhook")]
     Webhook(webhook::WebhookConfig),
+    /// Amazon SQS, through `aws-sdk-sqs`.
+    #[cfg(feature = "sqs")]
+    Sqs(sqs::SqsConfig),
+    /// Amazon SNS, through `aws-sdk-sns`.
+    #[cfg(feature = "sns")]
+    Sns(sns::SnsConfig),
     /// One JSON line per event on standard output.
     Stdout,
 }
@@ -387,6 +399,10 @@ impl SinkConfig {
             SinkConfig::RabbitMq(config) => Ok(Box::new(rabbitmq::RabbitMqSink::new(config))),
             #[cfg(feature = "webhook")]
             SinkConfig::Webhook(config) => Ok(Box::new(webhook::WebhookSink::new(config)?)),
+            #[cfg(feature = "sqs")]
+            SinkConfig::Sqs(config) => Ok(Box::new(sqs::SqsSink::new(config))),
+            #[cfg(feature = "sns")]
+            SinkConfig::Sns(config) => Ok(Box::new(sns::SnsSink::new(config))),
             SinkConfig::Stdout => Ok(Box::new(stdout::StdoutSink)),
         }
     }

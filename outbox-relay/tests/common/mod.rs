@@ -1,6 +1,7 @@
 //! Helpers shared by the relay's integration tests.
 #![allow(dead_code)]
 
+pub mod aws;
 pub mod kafka;
 pub mod meters;
 pub mod nats;
