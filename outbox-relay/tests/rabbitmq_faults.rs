@@ -8,7 +8,6 @@ mod common;
 use common::Fixture;
 use common::meters::{drain_through_ten_kills, insert_readings};
 use common::rabbitmq::{consume, declare_queue, open, relay_args};
-use seaorm_outbox::sea_orm::ConnectionTrait;
 use std::time::Duration;
 
 static ONE_FAULT_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -56,15 +55,7 @@ async fn the_broker_killed_twice_during_a_drain_loses_nothing() {
     let queue = f.topic("meter");
     declare_queue(&channel, &queue, true).await;
     drop((channel, connection));
-    f.db.execute_unprepared(&format!(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
-         SELECT gen_random_uuid(), 'meter', 'm-' || (g % {METERS}), 'Reading',
-                jsonb_build_object('meter', 'm-' || (g % {METERS}), 'n', g)
-         FROM generate_series(0, {}) g ORDER BY g",
-        TOTAL - 1
-    ))
-    .await
-    .unwrap();
+    insert_readings(&f, TOTAL, METERS).await;
     let sink = relay_args();
     let sink: Vec<&str> = sink.iter().map(String::as_str).collect();
     let mut relay = f.spawn_relay_to(&sink, &["--batch-size", "100"]);

@@ -282,16 +282,7 @@ async fn an_event_too_large_or_for_a_missing_queue_is_parked_and_others_flow() {
 async fn refused_credentials_leave_the_rows_untouched() {
     let f = Fixture::new().await;
     let f = named(&f, ".fifo");
-    let txn = f.db.begin().await.unwrap();
-    OrderPlaced {
-        order_id: "o1".into(),
-        n: 1,
-        note: String::new(),
-    }
-    .record(&txn)
-    .await
-    .unwrap();
-    txn.commit().await.unwrap();
+    record_orders(&f, 1, 1).await;
     let sink = std::sync::Arc::new(sqs(&refusing_url()));
     common::run_relay_until(&f, sink.clone(), tokio::time::sleep(Duration::from_secs(3))).await;
     assert_eq!(
@@ -310,16 +301,7 @@ async fn the_binary_reports_refused_credentials_on_readyz_and_never_prints_the_s
     let f = Fixture::new().await;
     let f = named(&f, ".fifo");
     let queue = create_queue(&topic(&f, "order"));
-    let txn = f.db.begin().await.unwrap();
-    OrderPlaced {
-        order_id: "o1".into(),
-        n: 1,
-        note: String::new(),
-    }
-    .record(&txn)
-    .await
-    .unwrap();
-    txn.commit().await.unwrap();
+    record_orders(&f, 1, 1).await;
     let secret = common::aws::secret_access_key();
 
     let port = common::free_port();

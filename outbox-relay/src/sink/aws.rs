@@ -170,7 +170,7 @@ where
 
 /// Sorts one failed entry of a batch: the sender's fault (the message) parks, the service's is
 /// retried.
-pub(crate) fn classify_entry(sender_fault: bool, code: &str, message: Option<&str>) -> SinkError {
+fn classify_entry(sender_fault: bool, code: &str, message: Option<&str>) -> SinkError {
     let text = format!("{code}: {}", message.unwrap_or("no message"));
     if sender_fault {
         SinkError::permanent(text)
@@ -231,6 +231,71 @@ pub(crate) trait Batches: Send + Sync + 'static {
         target: Arc<str>,
         requests: Vec<Self::Request>,
     ) -> BoxFuture<'static, Vec<Result<(), SinkError>>>;
+}
+
+/// The answers to a batch call, one per entry, by entry id (the entry's index in the batch).
+pub(crate) struct Answers(Vec<Option<Result<(), SinkError>>>);
+
+impl Answers {
+    /// The entries of `requests`, built by `build` with their index as id; an entry that cannot
+    /// be built is answered with its error at once.
+    pub(crate) fn build<R, E>(
+        requests: Vec<R>,
+        build: impl Fn(usize, R) -> Result<E, SinkError>,
+    ) -> (Vec<E>, Answers) {
+        let mut answers = Answers(vec![None; requests.len()]);
+        let mut entries = Vec::with_capacity(requests.len());
+        for (i, request) in requests.into_iter().enumerate() {
+            match build(i, request) {
+                Ok(entry) => entries.push(entry),
+                Err(e) => answers.0[i] = Some(Err(e)),
+            }
+        }
+        (entries, answers)
+    }
+
+    /// The service answered entry `id` succeeded.
+    pub(crate) fn succeeded(&mut self, id: &str) {
+        self.set(id, Ok(()));
+    }
+
+    /// The service answered entry `id` failed: the sender's fault parks, the service's is retried.
+    pub(crate) fn failed(
+        &mut self,
+        id: &str,
+        sender_fault: bool,
+        code: &str,
+        message: Option<&str>,
+    ) {
+        self.set(id, Err(classify_entry(sender_fault, code, message)));
+    }
+
+    fn set(&mut self, id: &str, result: Result<(), SinkError>) {
+        if let Some(slot) = id.parse::<usize>().ok().and_then(|i| self.0.get_mut(i)) {
+            *slot = Some(result);
+        }
+    }
+
+    /// The call failed: every entry not answered yet failed with it.
+    pub(crate) fn call_failed(&mut self, e: &SinkError) {
+        for slot in self.0.iter_mut().filter(|r| r.is_none()) {
+            *slot = Some(Err(e.clone()));
+        }
+    }
+
+    /// One result per entry, in order; `service` names who left one unanswered.
+    pub(crate) fn results(self, service: &str) -> Vec<Result<(), SinkError>> {
+        self.0
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(SinkError::new(format!(
+                        "{service} did not answer the entry"
+                    )))
+                })
+            })
+            .collect()
+    }
 }
 
 /// One message on its way through a lane.
@@ -556,6 +621,29 @@ mod tests {
         }
         let sizes: Vec<usize> = recorder.sent.lock().unwrap().iter().map(Vec::len).collect();
         assert_eq!(sizes, [10, 4, 1]);
+    }
+
+    #[test]
+    fn each_entry_gets_its_own_answer_by_id() {
+        let (entries, mut answers) = Answers::build(vec!["a", "bad", "c", "d"], |i, r| {
+            if r == "bad" {
+                Err(SinkError::permanent("cannot build"))
+            } else {
+                Ok(i)
+            }
+        });
+        assert_eq!(entries, [0, 2, 3]);
+        answers.succeeded("0");
+        answers.failed("2", true, "InvalidParameterValue", Some("no"));
+        answers.call_failed(&SinkError::new("timeout"));
+        let results = answers.results("SQS");
+        assert!(results[0].is_ok());
+        assert!(results[1].as_ref().unwrap_err().message == "cannot build");
+        assert!(results[2].as_ref().unwrap_err().is_permanent());
+        assert_eq!(results[3].as_ref().unwrap_err().message, "timeout");
+        let (_, unanswered) = Answers::build(vec![()], |_, ()| Ok(()));
+        let e = unanswered.results("SNS").remove(0).unwrap_err();
+        assert_eq!(e.message, "SNS did not answer the entry");
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! - **Standard topics**: order is best effort and a message may arrive twice: consumers
 //!   deduplicate by the `id` attribute (the inbox).
 
-use super::aws::{AwsSettings, Batches, Lanes, attributes, check, classify, classify_entry};
+use super::aws::{Answers, AwsSettings, Batches, Lanes, attributes, check, classify};
 use super::{Ack, Message, Sink, SinkError};
 use aws_sdk_sns::types::{MessageAttributeValue, PublishBatchRequestEntry};
 use futures::future::{BoxFuture, FutureExt};
@@ -105,15 +105,7 @@ impl Batches for SnsBatches {
         target: Arc<str>,
         requests: Vec<SnsMessage>,
     ) -> BoxFuture<'static, Vec<Result<(), SinkError>>> {
-        let count = requests.len();
-        let mut entries = Vec::with_capacity(count);
-        let mut results: Vec<Option<Result<(), SinkError>>> = vec![None; count];
-        for (i, request) in requests.into_iter().enumerate() {
-            match entry(i, request) {
-                Ok(entry) => entries.push(entry),
-                Err(e) => results[i] = Some(Err(e)),
-            }
-        }
+        let (entries, mut answers) = Answers::build(requests, entry);
         let call = self
             .client
             .publish_batch()
@@ -123,38 +115,21 @@ impl Batches for SnsBatches {
         async move {
             match call.await {
                 Ok(output) => {
-                    for ok in output.successful() {
-                        let slot = ok.id().and_then(|id| id.parse::<usize>().ok());
-                        if let Some(slot) = slot.and_then(|i| results.get_mut(i)) {
-                            *slot = Some(Ok(()));
-                        }
+                    for id in output.successful().iter().filter_map(|ok| ok.id()) {
+                        answers.succeeded(id);
                     }
                     for failed in output.failed() {
-                        if let Some(slot) = failed
-                            .id()
-                            .parse::<usize>()
-                            .ok()
-                            .and_then(|i| results.get_mut(i))
-                        {
-                            *slot = Some(Err(classify_entry(
-                                failed.sender_fault(),
-                                failed.code(),
-                                failed.message(),
-                            )));
-                        }
+                        answers.failed(
+                            failed.id(),
+                            failed.sender_fault(),
+                            failed.code(),
+                            failed.message(),
+                        );
                     }
                 }
-                Err(e) => {
-                    let e = classify(&e, &format!("SNS topic {target}"));
-                    for slot in results.iter_mut().filter(|r| r.is_none()) {
-                        *slot = Some(Err(e.clone()));
-                    }
-                }
+                Err(e) => answers.call_failed(&classify(&e, &format!("SNS topic {target}"))),
             }
-            results
-                .into_iter()
-                .map(|r| r.unwrap_or_else(|| Err(SinkError::new("SNS did not answer the entry"))))
-                .collect()
+            answers.results("SNS")
         }
         .boxed()
     }

@@ -15,7 +15,7 @@
 //! - **Standard queues**: SQS orders messages on a best-effort basis only, and may deliver one
 //!   twice: consumers must not rely on order and deduplicate by the `id` attribute (the inbox).
 
-use super::aws::{AwsSettings, Batches, Lanes, attributes, check, classify, classify_entry};
+use super::aws::{Answers, AwsSettings, Batches, Lanes, attributes, check, classify};
 use super::{Ack, Message, Sink, SinkError};
 use aws_sdk_sqs::types::{MessageAttributeValue, SendMessageBatchRequestEntry};
 use futures::future::{BoxFuture, FutureExt};
@@ -135,15 +135,7 @@ impl Batches for SqsBatches {
         target: Arc<str>,
         requests: Vec<SqsMessage>,
     ) -> BoxFuture<'static, Vec<Result<(), SinkError>>> {
-        let count = requests.len();
-        let mut entries = Vec::with_capacity(count);
-        let mut results: Vec<Option<Result<(), SinkError>>> = vec![None; count];
-        for (i, request) in requests.into_iter().enumerate() {
-            match entry(i, request) {
-                Ok(entry) => entries.push(entry),
-                Err(e) => results[i] = Some(Err(e)),
-            }
-        }
+        let (entries, mut answers) = Answers::build(requests, entry);
         let call = self
             .client
             .send_message_batch()
@@ -154,41 +146,20 @@ impl Batches for SqsBatches {
             match call.await {
                 Ok(output) => {
                     for ok in output.successful() {
-                        if let Some(slot) = ok
-                            .id()
-                            .parse::<usize>()
-                            .ok()
-                            .and_then(|i| results.get_mut(i))
-                        {
-                            *slot = Some(Ok(()));
-                        }
+                        answers.succeeded(ok.id());
                     }
                     for failed in output.failed() {
-                        if let Some(slot) = failed
-                            .id()
-                            .parse::<usize>()
-                            .ok()
-                            .and_then(|i| results.get_mut(i))
-                        {
-                            *slot = Some(Err(classify_entry(
-                                failed.sender_fault(),
-                                failed.code(),
-                                failed.message(),
-                            )));
-                        }
+                        answers.failed(
+                            failed.id(),
+                            failed.sender_fault(),
+                            failed.code(),
+                            failed.message(),
+                        );
                     }
                 }
-                Err(e) => {
-                    let e = classify(&e, &format!("SQS queue {target}"));
-                    for slot in results.iter_mut().filter(|r| r.is_none()) {
-                        *slot = Some(Err(e.clone()));
-                    }
-                }
+                Err(e) => answers.call_failed(&classify(&e, &format!("SQS queue {target}"))),
             }
-            results
-                .into_iter()
-                .map(|r| r.unwrap_or_else(|| Err(SinkError::new("SQS did not answer the entry"))))
-                .collect()
+            answers.results("SQS")
         }
         .boxed()
     }
