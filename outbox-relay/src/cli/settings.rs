@@ -420,6 +420,11 @@ pub(super) struct SinkSettings {
     #[cfg(any(feature = "sqs", feature = "sns"))]
     #[arg(long = "aws-max-message-bytes", help_heading = "SQS and SNS sinks")]
     pub aws_max_message_bytes: Option<usize>,
+    /// How long one attempt of a call to SQS or SNS may take; the SDK makes three, then the relay
+    /// retries the batch [default: 30s].
+    #[cfg(any(feature = "sqs", feature = "sns"))]
+    #[arg(long = "aws-timeout", help_heading = "SQS and SNS sinks")]
+    pub aws_timeout: Option<Wait>,
     /// Put before a topic that is not an ARN to make its SNS topic ARN
     /// (`arn:aws:sns:eu-west-1:123456789012:`).
     #[cfg(feature = "sns")]
@@ -438,6 +443,9 @@ impl SinkSettings {
             max_message_bytes: self
                 .aws_max_message_bytes
                 .unwrap_or(defaults.max_message_bytes),
+            attempt_timeout: self
+                .aws_timeout
+                .map_or(defaults.attempt_timeout, |Wait(d)| d),
             ..defaults
         }
     }

@@ -55,6 +55,10 @@ pub struct AwsSettings {
     pub max_message_bytes: usize,
     /// How many batches may be in flight to one queue or topic at once.
     pub lanes: usize,
+    /// How long one attempt of a call may take before the SDK tries again (it tries three times);
+    /// then the relay retries the batch, whose deduplication ids make a FIFO queue drop a copy
+    /// that reached it late.
+    pub attempt_timeout: std::time::Duration,
 }
 
 impl Default for AwsSettings {
@@ -64,6 +68,7 @@ impl Default for AwsSettings {
             endpoint_url: None,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             lanes: 16,
+            attempt_timeout: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -82,7 +87,7 @@ impl AwsSettings {
         // relay retries what timed out.
         let timeouts = aws_config::timeout::TimeoutConfig::builder()
             .connect_timeout(std::time::Duration::from_secs(5))
-            .operation_attempt_timeout(std::time::Duration::from_secs(30))
+            .operation_attempt_timeout(self.attempt_timeout)
             .build();
         loader.timeout_config(timeouts).load().await
     }

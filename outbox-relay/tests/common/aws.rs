@@ -1,5 +1,6 @@
-//! SQS and SNS on moto's server (`scripts/services start moto`), read and set up by an independent
-//! client: PyPI's boto3, in the tests' Python (`OUTBOX_TEST_PYTHON`).
+//! SQS and SNS on moto's server (`scripts/services start moto`), and SQS on ElasticMQ (`start
+//! elasticmq`, for the fault tests), read and set up by an independent client: PyPI's boto3, in
+//! the tests' Python (`OUTBOX_TEST_PYTHON`).
 
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -7,7 +8,8 @@ use std::collections::BTreeMap;
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!(
-            "{name} is not set: start moto with `scripts/services start moto` (scripts/test does)"
+            "{name} is not set: start moto and ElasticMQ with `scripts/services start moto elasticmq` \
+             (scripts/test does)"
         )
     })
 }
@@ -15,6 +17,11 @@ fn env(name: &str) -> String {
 /// The moto server that takes any credentials.
 pub fn url() -> String {
     env("OUTBOX_MOTO_URL")
+}
+
+/// The ElasticMQ server (SQS only; it takes any credentials).
+pub fn elasticmq_url() -> String {
+    env("OUTBOX_ELASTICMQ_URL")
 }
 
 /// The moto server that refuses every credential (none is known to it).
@@ -70,13 +77,13 @@ elif command == "receive":
     print(json.dumps(received))
 "#;
 
-/// Runs the boto3 script's `command` on moto, and parses what it prints.
-fn boto<T: serde::de::DeserializeOwned>(command: &[&str]) -> T {
+/// Runs the boto3 script's `command` on the server at `endpoint`, and parses what it prints.
+fn boto<T: serde::de::DeserializeOwned>(endpoint: &str, command: &[&str]) -> T {
     let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| {
         panic!("OUTBOX_TEST_PYTHON is not set: run `scripts/test`, which makes a Python with boto3")
     });
     let output = std::process::Command::new(python)
-        .args(["-c", BOTO, &url()])
+        .args(["-c", BOTO, endpoint])
         .args(command)
         .output()
         .expect("run Python");
@@ -88,15 +95,20 @@ fn boto<T: serde::de::DeserializeOwned>(command: &[&str]) -> T {
     serde_json::from_slice(&output.stdout).expect("boto3's answer")
 }
 
-/// Creates the queue `name` (FIFO if it ends in `.fifo`); its URL.
+/// Creates the queue `name` (FIFO if it ends in `.fifo`) on moto; its URL.
 pub fn create_queue(name: &str) -> String {
-    boto(&["queue", name])
+    create_queue_on(&url(), name)
+}
+
+/// Creates the queue `name` (FIFO if it ends in `.fifo`) on the server at `endpoint`; its URL.
+pub fn create_queue_on(endpoint: &str, name: &str) -> String {
+    boto(endpoint, &["queue", name])
 }
 
 /// Creates the SNS topic `topic` and the queue `queue` subscribed to it (raw delivery, so the
 /// message attributes reach the queue); the topic's ARN and the queue's URL.
 pub fn create_topic_with_queue(topic: &str, queue: &str) -> (String, String) {
-    boto(&["topic", topic, queue])
+    boto(&url(), &["topic", topic, queue])
 }
 
 /// A message as boto3 received it.
@@ -108,7 +120,16 @@ pub struct Received {
     pub deduplication: Option<String>,
 }
 
-/// Receives (and deletes) everything in the queue at `url`, in the order SQS hands it out.
+/// Receives (and deletes) everything in the queue at `url`, in the order SQS hands it out, from
+/// the server the URL names.
 pub fn receive_all(url: &str) -> Vec<Received> {
-    boto(&["receive", url])
+    boto(origin(url), &["receive", url])
+}
+
+/// `http://host:port` of a queue's URL.
+fn origin(url: &str) -> &str {
+    let after_scheme = url.find("://").map_or(0, |i| i + 3);
+    url[after_scheme..]
+        .find('/')
+        .map_or(url, |i| &url[..after_scheme + i])
 }
