@@ -1,13 +1,15 @@
 //! `--format cloudevents`, end to end through the `outbox-relay` binary on real PostgreSQL, Kafka,
-//! NATS and RabbitMQ: what reaches Kafka is read back by the official CloudEvents SDK (PyPI's
-//! `cloudevents`, Kafka binding) in binary and structured mode; on NATS and RabbitMQ the headers
-//! are named as their bindings name them; each attribute is checked against the row it came from.
+//! Pulsar, NATS, RabbitMQ and an HTTP receiver: what reaches Kafka, Pulsar and the webhook's
+//! receiver is read back by the official CloudEvents SDK (PyPI's `cloudevents`, Kafka and HTTP
+//! bindings; Pulsar's properties are named as Kafka's headers) in binary and structured mode; on NATS and RabbitMQ the headers are named as their bindings name them; each
+//! attribute is checked against the row it came from.
 
 mod common;
 
 use common::Fixture;
 use common::kafka::{Received, consume};
 use common::nats::{create_stream, header, relay_args, stored};
+use common::webhook::{Call, Receiver, ok_after};
 use seaorm_outbox::sea_orm::{ConnectionTrait, DbBackend, Statement};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -73,9 +75,57 @@ async fn drain_with(f: &Fixture, sink: &[&str], format: &[&str]) {
     assert_eq!(common::terminate(&mut relay), Some(0), "{}", relay.log());
 }
 
-/// The CloudEvents the official SDK reads from Kafka messages (its Kafka binding's
-/// `from_binary` or `from_structured`): each event's attributes and `data`.
-fn read_by_the_sdk(received: &[Received], structured: bool) -> Vec<Value> {
+/// How the official SDK reads a message: the Kafka binding's `from_binary` or `from_structured`,
+/// or the HTTP binding's `from_http` (either mode, which it tells by the content type).
+#[derive(Clone, Copy, Debug)]
+enum Binding {
+    KafkaBinary,
+    KafkaStructured,
+    Http,
+}
+
+/// A message as the SDK is handed it: headers, key (Kafka) and body.
+struct Message {
+    headers: Vec<(String, String)>,
+    key: Option<String>,
+    body: Vec<u8>,
+}
+
+impl From<&Received> for Message {
+    fn from(m: &Received) -> Message {
+        Message {
+            headers: m.headers.clone(),
+            key: Some(m.key.clone()),
+            body: m.payload.clone(),
+        }
+    }
+}
+
+impl From<&common::pulsar::Received> for Message {
+    /// Pulsar has no CloudEvents binding: its properties are named as Kafka's headers, which the
+    /// SDK's Kafka binding reads.
+    fn from(m: &common::pulsar::Received) -> Message {
+        Message {
+            headers: m.properties.clone(),
+            key: Some(m.key.clone()),
+            body: m.payload.clone(),
+        }
+    }
+}
+
+impl From<&Call> for Message {
+    fn from(call: &Call) -> Message {
+        Message {
+            headers: call.headers.clone(),
+            key: None,
+            body: call.body.clone(),
+        }
+    }
+}
+
+/// The CloudEvents the official SDK (PyPI's `cloudevents`) reads from `messages` through
+/// `binding`: each event's attributes and `data`.
+fn read_by_the_sdk(messages: impl IntoIterator<Item = Message>, binding: Binding) -> Vec<Value> {
     let python = std::env::var("OUTBOX_TEST_PYTHON").unwrap_or_else(|_| {
         panic!(
             "OUTBOX_TEST_PYTHON is not set: run `scripts/test`, which makes a Python with \
@@ -84,37 +134,38 @@ fn read_by_the_sdk(received: &[Received], structured: bool) -> Vec<Value> {
     });
     let script = r#"
 import json, sys
+from cloudevents.http import from_http
 from cloudevents.kafka import KafkaMessage, from_binary, from_structured
-structured = sys.argv[1] == "structured"
-convert = from_structured if structured else from_binary
+binding = sys.argv[1]
 for line in sys.stdin:
     m = json.loads(line)
-    # In structured mode the event is the payload alone (the SDK would take every header for an
-    # attribute, `content-type` for `datacontenttype`).
-    headers = {} if structured else {n: v.encode() for n, v in m["headers"]}
-    event = convert(KafkaMessage(headers=headers,
-                                 key=m["key"], value=m["value"].encode()))
+    body = m["body"].encode()
+    if binding == "Http":
+        event = from_http(dict(m["headers"]), body)
+    elif binding == "KafkaStructured":
+        # The event is the payload alone (the SDK would take every header for an attribute,
+        # `content-type` for `datacontenttype`).
+        event = from_structured(KafkaMessage(headers={}, key=m["key"], value=body))
+    else:
+        headers = {n: v.encode() for n, v in m["headers"]}
+        event = from_binary(KafkaMessage(headers=headers, key=m["key"], value=body))
     attributes = dict(event.get_attributes())
     attributes["data"] = event.data
     print(json.dumps(attributes, default=str))
 "#;
     let mut child = std::process::Command::new(&python)
-        .args([
-            "-c",
-            script,
-            if structured { "structured" } else { "binary" },
-        ])
+        .args(["-c", script, &format!("{binding:?}")])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run Python");
     let mut stdin = child.stdin.take().unwrap();
-    for m in received {
+    for m in messages {
         let line = json!({
             "headers": m.headers,
             "key": m.key,
-            "value": String::from_utf8(m.payload.clone()).unwrap(),
+            "body": String::from_utf8(m.body).unwrap(),
         });
         writeln!(stdin, "{line}").unwrap();
     }
@@ -165,7 +216,10 @@ async fn binary_mode_on_kafka_is_read_by_the_cloudevents_sdk() {
         "the application's headers are kept"
     );
     assert_eq!(traced.header("event_type"), None, "the contract's give way");
-    assert_events(read_by_the_sdk(&received, false), &expected);
+    assert_events(
+        read_by_the_sdk(received.iter().map(Message::from), Binding::KafkaBinary),
+        &expected,
+    );
 }
 
 #[tokio::test]
@@ -191,7 +245,10 @@ async fn structured_mode_on_kafka_is_read_by_the_cloudevents_sdk() {
             Some("application/cloudevents+json")
         );
     }
-    assert_events(read_by_the_sdk(&received, true), &expected);
+    assert_events(
+        read_by_the_sdk(received.iter().map(Message::from), Binding::KafkaStructured),
+        &expected,
+    );
 }
 
 #[tokio::test]
@@ -294,5 +351,80 @@ async fn binary_mode_on_rabbitmq_names_application_properties_as_its_binding_doe
         assert_eq!(m.content_type.as_deref(), Some("application/json"));
         assert_eq!(m.header("content-type"), None, "a property, not a header");
         assert_eq!(m.json(), want["data"]);
+    }
+}
+
+#[tokio::test]
+async fn binary_and_structured_mode_over_webhooks_are_read_by_the_cloudevents_sdk() {
+    for mode in ["binary", "structured"] {
+        let f = Fixture::new().await;
+        record(&f).await;
+        let expected = expected(&f).await;
+        let receiver = Receiver::start(ok_after(Duration::ZERO)).await;
+        let secret = outbox_tests::temp_dir().join("webhook-secret");
+        std::fs::write(&secret, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        let (url, secret) = (receiver.url(), secret.display().to_string());
+        let sink = [
+            "--sink",
+            "webhook",
+            "--webhook-url",
+            &url,
+            "--webhook-secret-file",
+            &secret,
+        ];
+        let format = [
+            "--format",
+            "cloudevents",
+            "--cloudevents-source",
+            SOURCE,
+            "--cloudevents-mode",
+            mode,
+        ];
+        drain_with(&f, &sink, &format).await;
+        let calls = receiver.delivered();
+        let content_type = match mode {
+            "binary" => "application/json",
+            _ => "application/cloudevents+json",
+        };
+        for call in &calls {
+            assert_eq!(call.header("content-type"), Some(content_type), "{mode}");
+            assert!(call.header("webhook-signature").is_some(), "still signed");
+        }
+        assert_events(
+            read_by_the_sdk(calls.iter().map(Message::from), Binding::Http),
+            &expected,
+        );
+    }
+}
+
+#[tokio::test]
+async fn binary_and_structured_mode_on_pulsar_are_read_by_the_cloudevents_sdk() {
+    for (mode, binding) in [
+        ("binary", Binding::KafkaBinary),
+        ("structured", Binding::KafkaStructured),
+    ] {
+        let f = Fixture::new().await;
+        record(&f).await;
+        let expected = expected(&f).await;
+        let url = common::pulsar::url();
+        let sink = ["--sink", "pulsar", "--pulsar-url", &url];
+        let format = [
+            "--format",
+            "cloudevents",
+            "--cloudevents-source",
+            SOURCE,
+            "--cloudevents-mode",
+            mode,
+        ];
+        drain_with(&f, &sink, &format).await;
+        let topic = common::pulsar::topic(&f.topic("order"));
+        let received = common::pulsar::consume(&topic, 3, Duration::from_secs(60)).await;
+        for m in &received {
+            assert_eq!(m.key, m.ordering_key, "{mode}");
+        }
+        assert_events(
+            read_by_the_sdk(received.iter().map(Message::from), binding),
+            &expected,
+        );
     }
 }

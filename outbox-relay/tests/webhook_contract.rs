@@ -7,9 +7,8 @@
 
 mod common;
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode, Uri};
 use common::Fixture;
+use common::webhook::{Call, Receiver, ok_after};
 use seaorm_outbox::sea_orm::TransactionTrait;
 use seaorm_outbox::{OutboxEvent, Secret};
 use seaorm_outbox_relay::sink::webhook::{WebhookConfig, WebhookSink};
@@ -17,8 +16,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -27,103 +26,6 @@ const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 struct OrderPlaced {
     order_id: String,
     n: i64,
-}
-
-/// A request the receiver got, and when it started and was answered.
-#[derive(Debug, Clone)]
-struct Call {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-    started: Instant,
-    answered: Instant,
-    status: u16,
-}
-
-impl Call {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap()
-    }
-}
-
-/// How the receiver answers a request: status, extra headers, body, and how long it takes.
-type Answer =
-    Arc<dyn Fn(&Call, usize) -> (u16, Vec<(&'static str, String)>, String, Duration) + Send + Sync>;
-
-/// An HTTP receiver on a free loopback port, recording every request.
-struct Receiver {
-    port: u16,
-    calls: Arc<Mutex<Vec<Call>>>,
-}
-
-impl Receiver {
-    /// Starts a receiver answering with `answer` (given the request and how many came before).
-    async fn start(answer: Answer) -> Receiver {
-        let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
-        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let app = axum::Router::new().fallback({
-            let calls = calls.clone();
-            move |uri: Uri, headers: HeaderMap, body: Bytes| {
-                let (calls, answer, seen) = (calls.clone(), answer.clone(), seen.clone());
-                async move {
-                    let mut call = Call {
-                        path: uri.path().to_owned(),
-                        headers: headers
-                            .iter()
-                            .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("").to_owned()))
-                            .collect(),
-                        body: body.to_vec(),
-                        started: Instant::now(),
-                        answered: Instant::now(),
-                        status: 0,
-                    };
-                    let before = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                    let (status, extra, text, delay) = answer(&call, before);
-                    tokio::time::sleep(delay).await;
-                    call.answered = Instant::now();
-                    call.status = status;
-                    calls.lock().unwrap().push(call);
-                    let mut response = axum::response::Response::new(axum::body::Body::from(text));
-                    *response.status_mut() = StatusCode::from_u16(status).unwrap();
-                    for (name, value) in extra {
-                        response.headers_mut().insert(name, value.parse().unwrap());
-                    }
-                    response
-                }
-            }
-        });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Receiver { port, calls }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/hooks/{{topic}}", self.port)
-    }
-
-    fn calls(&self) -> Vec<Call> {
-        self.calls.lock().unwrap().clone()
-    }
-
-    /// The requests answered 2xx.
-    fn delivered(&self) -> Vec<Call> {
-        self.calls()
-            .into_iter()
-            .filter(|c| (200..300).contains(&c.status))
-            .collect()
-    }
-}
-
-fn ok_after(delay: Duration) -> Answer {
-    Arc::new(move |_, _| (200, vec![], String::new(), delay))
 }
 
 /// Runs a relay publishing with `config` until `done` resolves, then stops it.

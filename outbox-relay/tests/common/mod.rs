@@ -9,6 +9,7 @@ pub mod pulsar;
 pub mod rabbitmq;
 pub mod secure;
 pub mod wal;
+pub mod webhook;
 
 use seaorm_outbox::Uuid;
 use seaorm_outbox::sea_orm::{
