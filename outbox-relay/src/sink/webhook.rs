@@ -12,7 +12,7 @@
 //! What the receiver answers:
 //! - 2xx: delivered;
 //! - 408, 429, 5xx, or no answer in time: retried after a backoff, no sooner than its
-//!   `Retry-After` (in seconds);
+//!   `Retry-After` (in seconds or as an HTTP date);
 //! - 401 and 403: the receiver refuses the relay (its secret or credentials), not the event: rows
 //!   untouched, `/readyz` says so; as when the receiver cannot be reached at all;
 //! - any other status: parked with the status and the first bytes of the body as the reason.
@@ -173,16 +173,22 @@ fn classify(status: reqwest::StatusCode, retry_after: Option<Duration>, body: &s
     }
 }
 
-/// A `Retry-After` in seconds (the HTTP-date form is not read: the backoff applies).
-fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    headers
+/// A `Retry-After`: seconds, or an HTTP date (`Wed, 21 Oct 2015 07:28:00 GMT`), which is read
+/// against `now` (a date past is no wait at all).
+fn retry_after(
+    headers: &reqwest::header::HeaderMap,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<Duration> {
+    let value = headers
         .get(reqwest::header::RETRY_AFTER)?
         .to_str()
         .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_secs)
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let date = chrono::DateTime::parse_from_rfc2822(value).ok()?;
+    Some((date.to_utc() - now).to_std().unwrap_or_default())
 }
 
 /// The request for `message`, or why it can never be sent.
@@ -319,7 +325,7 @@ async fn send(
         Ok(response) if response.status().is_success() => Ok(()),
         Ok(response) => {
             let status = response.status();
-            let after = retry_after(response.headers());
+            let after = retry_after(response.headers(), chrono::Utc::now());
             let body = response.text().await.unwrap_or_default();
             Err(classify(status, after, &body))
         }
@@ -374,6 +380,26 @@ mod tests {
             ),
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds_and_as_an_http_date() {
+        let now = chrono::DateTime::parse_from_rfc3339("2015-10-21T07:27:53Z")
+            .unwrap()
+            .to_utc();
+        let read = |value: &str| {
+            let mut headers = reqwest::header::HeaderMap::new();
+            headers.insert(reqwest::header::RETRY_AFTER, value.parse().unwrap());
+            retry_after(&headers, now)
+        };
+        assert_eq!(read("120"), Some(Duration::from_secs(120)));
+        assert_eq!(
+            read("Wed, 21 Oct 2015 07:28:00 GMT"),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(read("Wed, 21 Oct 2015 07:00:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(read("soon"), None);
+        assert_eq!(retry_after(&reqwest::header::HeaderMap::new(), now), None);
     }
 
     #[test]
