@@ -308,6 +308,49 @@ async fn tls_with_the_servers_ca_publishes_and_an_unrelated_ca_leaves_the_rows_u
     assert_eq!(stored(&mut stream).await.len(), 1, "published over TLS");
 }
 
+/// A credentials file (a user JWT and its NKey seed, as `nsc` writes them), on a server in
+/// operator mode; the same JWT with another user's seed is refused and leaves the rows untouched.
+#[tokio::test]
+async fn a_user_with_a_credentials_file_logs_in_on_an_operator_mode_server() {
+    use common::nats::{create_stream_with, credentials_file, jwt_url, nkey_seed};
+    let f = Fixture::new().await;
+    let client = async_nats::ConnectOptions::with_credentials_file(credentials_file())
+        .await
+        .expect("read the credentials file")
+        .connect(jwt_url())
+        .await
+        .expect("connect to the operator-mode NATS server");
+    let mut stream = create_stream_with(client, &f, vec![format!("{}.>", f.prefix)]).await;
+    record_order(&f, "o1").await;
+
+    // The JWT is the user's, the seed another's: the server's nonce signature check fails.
+    let creds = std::fs::read_to_string(credentials_file()).unwrap();
+    let seed = creds
+        .lines()
+        .find(|l| l.starts_with("SU"))
+        .expect("the user's seed");
+    let forged = outbox_tests::temp_dir().join("forged.creds");
+    std::fs::write(&forged, creds.replace(seed, &nkey_seed())).unwrap();
+    let mut config = NatsConfig::new(jwt_url());
+    config.credentials_file = Some(forged);
+    config.ack_timeout = Duration::from_secs(5);
+    run_relay_until(&f, &config, tokio::time::sleep(Duration::from_secs(3))).await;
+    assert_eq!(
+        f.scalar(common::TOUCHED).await,
+        0,
+        "refused credentials touched rows"
+    );
+
+    let mut config = NatsConfig::new(jwt_url());
+    config.credentials_file = Some(credentials_file());
+    drain(&f, &config, Duration::from_secs(60)).await;
+    assert_eq!(
+        stored(&mut stream).await.len(),
+        1,
+        "published with the credentials file"
+    );
+}
+
 /// The other logins, on a server configured for them: a user with a password (in the URL) and a
 /// user with an NKey publish; a wrong password leaves the rows untouched.
 #[tokio::test]

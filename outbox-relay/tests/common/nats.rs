@@ -37,6 +37,19 @@ pub fn nkey_seed() -> String {
         .expect("OUTBOX_NATS_NKEY_SEED is not set (scripts/services start nats)")
 }
 
+/// The third server, in operator mode (JWT authentication).
+pub fn jwt_url() -> String {
+    std::env::var("OUTBOX_NATS_JWT_URL")
+        .expect("OUTBOX_NATS_JWT_URL is not set (scripts/services start nats)")
+}
+
+/// The credentials file of user `relay` on [`jwt_url`]'s server: its JWT and NKey seed.
+pub fn credentials_file() -> std::path::PathBuf {
+    std::env::var("OUTBOX_NATS_CREDS_FILE")
+        .expect("OUTBOX_NATS_CREDS_FILE is not set (scripts/services start nats)")
+        .into()
+}
+
 /// The relay binary's arguments to publish to the test server.
 pub fn relay_args() -> Vec<String> {
     [
