@@ -17,6 +17,7 @@ mod pulsar;
 mod record_cost;
 mod report;
 mod setup;
+mod sinks;
 mod topic;
 mod wal;
 
@@ -51,7 +52,7 @@ struct Args {
     #[arg(long)]
     relay_bin: Option<PathBuf>,
     /// Run only these parts (repeat): limits, drain, latency, record, resources, pulsar, wal,
-    /// debezium, as-run, mariadb.
+    /// debezium, as-run, mariadb, sinks.
     #[arg(long, value_enum)]
     only: Vec<Part>,
 }
@@ -70,6 +71,8 @@ enum Part {
     AsRun,
     /// The relay on MariaDB against that backend's limits, `record`'s cost there, latency.
     Mariadb,
+    /// NATS JetStream, RabbitMQ and SQS (on ElasticMQ): each raw client against the relay binary.
+    Sinks,
 }
 
 /// How much work each part does.
@@ -345,6 +348,14 @@ async fn main() {
             )
             .await,
         );
+    }
+
+    if run(Part::Sinks) {
+        eprintln!("sinks...");
+        let relay_bin = relay_bin(&args);
+        let servers = sinks::Servers::from_env();
+        report.sinks =
+            sinks::measure(&relay_bin, db, &servers, scale.events, AGGREGATES, 500).await;
     }
 
     setup::drop_all(db).await;

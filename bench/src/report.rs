@@ -63,6 +63,8 @@ pub struct Report {
     pub as_run: Vec<Drained>,
     /// The `mariadb` part.
     pub mariadb: Option<crate::mariadb::Measured>,
+    /// The `sinks` part.
+    pub sinks: crate::sinks::Measured,
 }
 
 fn mode_name(mode: Mode) -> &'static str {
@@ -113,6 +115,7 @@ impl Report {
             record_cost: Vec::new(),
             resources: None,
             pulsar: None,
+            sinks: crate::sinks::Measured::default(),
             as_run: Vec::new(),
             mariadb: None,
         }
@@ -283,6 +286,34 @@ impl Report {
         if !self.as_run.is_empty() {
             out.push_str(&self.as_run_table());
         }
+        if !self.sinks.rows.is_empty() {
+            let no_broker = self.sinks.no_broker;
+            let _ = writeln!(
+                out,
+                "\n### Other sinks (the relay binary, 1 replica, batch 500, mark)\n\n\
+                 The relay with the stdout sink (no broker) drains {no_broker:.0} events/s: its own \
+                 limit on this database. The last column divides by the lower of that and the raw \
+                 client's.\n"
+            );
+            let _ = writeln!(
+                out,
+                "| sink | server | events | raw client msgs/s | relay events/s | relay / raw client | relay / limit |"
+            );
+            let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
+            for r in &self.sinks.rows {
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} |",
+                    r.sink,
+                    r.server,
+                    r.events,
+                    r.raw,
+                    r.relay,
+                    r.relay / r.raw,
+                    r.ratio_to_limit(no_broker)
+                );
+            }
+        }
         if let Some(p) = &self.pulsar {
             let _ = writeln!(out, "\n### Pulsar (1 replica, batch {}, mark)\n", p.batch);
             let _ = writeln!(
@@ -337,6 +368,10 @@ impl Report {
                 "batch": p.batch, "raw_producer": p.raw_producer, "relay": p.relay,
             })),
             "mariadb": self.mariadb.as_ref().map(crate::mariadb::Measured::json),
+            "sinks": self.sinks.rows.iter().map(|r| json!({
+                "sink": r.sink, "server": r.server, "events": r.events,
+                "raw_client": r.raw, "relay": r.relay, "relay_no_broker": self.sinks.no_broker,
+            })).collect::<Vec<_>>(),
             "as_run": self.as_run.iter().map(|d| json!({
                 "publisher": d.name, "events_per_second": d.events_per_second,
                 "publisher_cpu_us_per_event": d.cpu.publisher_us, "postgres_cpu_us_per_event": d.cpu.postgres_us,

@@ -32,6 +32,7 @@ fn the_benchmark_harness_runs_end_to_end() {
         "The WAL source",
         "Debezium's Kafka Connect worker",
         "As users run it",
+        "Other sinks",
     ] {
         assert!(
             table.contains(section),
@@ -49,6 +50,14 @@ fn the_benchmark_harness_runs_end_to_end() {
     );
     assert!(results["relay_binary"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
     assert!(results["pulsar"]["relay"].as_f64().unwrap() > 0.0);
+    // NATS, RabbitMQ and SQS: each raw client and the relay drained.
+    let sinks = results["sinks"].as_array().unwrap();
+    assert_eq!(sinks.len(), 3, "{sinks:?}");
+    assert!(
+        sinks
+            .iter()
+            .all(|s| s["raw_client"].as_f64().unwrap() > 0.0 && s["relay"].as_f64().unwrap() > 0.0)
+    );
     // Both WAL backlogs and Debezium's drained.
     let wal_drains = results["wal_drain"].as_array().unwrap();
     assert_eq!(wal_drains.len(), 3, "{wal_drains:?}");
