@@ -68,6 +68,18 @@ async fn expected(f: &Fixture) -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// The relay's arguments for CloudEvents from [`SOURCE`] in `mode` (binary or structured).
+fn cloudevents_in(mode: &str) -> [&str; 6] {
+    [
+        "--format",
+        "cloudevents",
+        "--cloudevents-source",
+        SOURCE,
+        "--cloudevents-mode",
+        mode,
+    ]
+}
+
 /// Runs the relay binary with `format` until the fixture's outbox is drained.
 async fn drain_with(f: &Fixture, sink: &[&str], format: &[&str]) {
     let mut relay = f.spawn_relay_to(sink, format);
@@ -227,14 +239,7 @@ async fn structured_mode_on_kafka_is_read_by_the_cloudevents_sdk() {
     let f = Fixture::new().await;
     record(&f).await;
     let expected = expected(&f).await;
-    let format = [
-        "--format",
-        "cloudevents",
-        "--cloudevents-source",
-        SOURCE,
-        "--cloudevents-mode",
-        "structured",
-    ];
+    let format = cloudevents_in("structured");
     let brokers = common::kafka::brokers();
     let sink = ["--kafka-brokers", brokers.as_str()];
     drain_with(&f, &sink, &format).await;
@@ -361,26 +366,9 @@ async fn binary_and_structured_mode_over_webhooks_are_read_by_the_cloudevents_sd
         record(&f).await;
         let expected = expected(&f).await;
         let receiver = Receiver::start(ok_after(Duration::ZERO)).await;
-        let secret = outbox_tests::temp_dir().join("webhook-secret");
-        std::fs::write(&secret, "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
-        let (url, secret) = (receiver.url(), secret.display().to_string());
-        let sink = [
-            "--sink",
-            "webhook",
-            "--webhook-url",
-            &url,
-            "--webhook-secret-file",
-            &secret,
-        ];
-        let format = [
-            "--format",
-            "cloudevents",
-            "--cloudevents-source",
-            SOURCE,
-            "--cloudevents-mode",
-            mode,
-        ];
-        drain_with(&f, &sink, &format).await;
+        let sink = common::webhook::relay_args(&receiver);
+        let sink: Vec<&str> = sink.iter().map(String::as_str).collect();
+        drain_with(&f, &sink, &cloudevents_in(mode)).await;
         let calls = receiver.delivered();
         let content_type = match mode {
             "binary" => "application/json",
@@ -408,15 +396,7 @@ async fn binary_and_structured_mode_on_pulsar_are_read_by_the_cloudevents_sdk() 
         let expected = expected(&f).await;
         let url = common::pulsar::url();
         let sink = ["--sink", "pulsar", "--pulsar-url", &url];
-        let format = [
-            "--format",
-            "cloudevents",
-            "--cloudevents-source",
-            SOURCE,
-            "--cloudevents-mode",
-            mode,
-        ];
-        drain_with(&f, &sink, &format).await;
+        drain_with(&f, &sink, &cloudevents_in(mode)).await;
         let topic = common::pulsar::topic(&f.topic("order"));
         let received = common::pulsar::consume(&topic, 3, Duration::from_secs(60)).await;
         for m in &received {

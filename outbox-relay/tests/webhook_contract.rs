@@ -8,7 +8,7 @@
 mod common;
 
 use common::Fixture;
-use common::webhook::{Call, Receiver, ok_after};
+use common::webhook::{Call, Receiver, SECRET, ok_after};
 use seaorm_outbox::sea_orm::TransactionTrait;
 use seaorm_outbox::{OutboxEvent, Secret};
 use seaorm_outbox_relay::sink::webhook::{WebhookConfig, WebhookSink};
@@ -18,8 +18,6 @@ use std::future::Future;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
-
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 #[derive(Serialize, Deserialize, OutboxEvent)]
 #[outbox(aggregate = "order", key = "order_id")]

@@ -14,24 +14,11 @@ use std::time::Duration;
 
 static ONE_FAULT_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-
 /// The relay binary posting the fixture's outbox to `receiver`.
 fn spawn_relay(f: &Fixture, receiver: &Receiver, extra: &[&str]) -> common::KillOnDrop {
-    let secret = outbox_tests::temp_dir().join("webhook-secret");
-    std::fs::write(&secret, SECRET).unwrap();
-    let (url, secret) = (receiver.url(), secret.display().to_string());
-    f.spawn_relay_to(
-        &[
-            "--sink",
-            "webhook",
-            "--webhook-url",
-            &url,
-            "--webhook-secret-file",
-            &secret,
-        ],
-        extra,
-    )
+    let sink = common::webhook::relay_args(receiver);
+    let sink: Vec<&str> = sink.iter().map(String::as_str).collect();
+    f.spawn_relay_to(&sink, extra)
 }
 
 /// What was delivered, as (meter, reading) in the order the receiver answered 2xx.

@@ -103,3 +103,20 @@ impl Receiver {
 pub fn ok_after(delay: Duration) -> Answer {
     Arc::new(move |_, _| (200, vec![], String::new(), delay))
 }
+
+/// The signing secret the tests give the relay.
+pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// The relay binary's arguments to post to `receiver`, signing with [`SECRET`] from a file.
+pub fn relay_args(receiver: &Receiver) -> Vec<String> {
+    let secret = outbox_tests::temp_dir().join("webhook-secret");
+    std::fs::write(&secret, SECRET).unwrap();
+    vec![
+        "--sink".into(),
+        "webhook".into(),
+        "--webhook-url".into(),
+        receiver.url(),
+        "--webhook-secret-file".into(),
+        secret.display().to_string(),
+    ]
+}
