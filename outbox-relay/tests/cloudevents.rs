@@ -1,12 +1,15 @@
 //! `--format cloudevents`, end to end through the `outbox-relay` binary on real PostgreSQL, Kafka,
-//! Pulsar, NATS, RabbitMQ and an HTTP receiver: what reaches Kafka, Pulsar and the webhook's
-//! receiver is read back by the official CloudEvents SDK (PyPI's `cloudevents`, Kafka and HTTP
-//! bindings; Pulsar's properties are named as Kafka's headers) in binary and structured mode; on NATS and RabbitMQ the headers are named as their bindings name them; each
-//! attribute is checked against the row it came from.
+//! Pulsar, NATS, RabbitMQ, SQS (ElasticMQ), SNS (moto) and an HTTP receiver. What reaches Kafka,
+//! Pulsar, SQS, SNS and the webhook's receiver is read back by the official CloudEvents SDK
+//! (PyPI's `cloudevents`, Kafka and HTTP bindings; Pulsar's properties and SQS's attributes are
+//! named as Kafka's headers) in binary and structured mode (structured by default on SQS and SNS);
+//! on NATS and RabbitMQ the headers are named as their bindings name them. Each attribute is
+//! checked against the row it came from.
 
 mod common;
 
 use common::Fixture;
+use common::aws::{create_queue_on, create_topic_with_queue, elasticmq_url, receive_all};
 use common::kafka::{Received, consume};
 use common::nats::{create_stream, header, relay_args, stored};
 use common::webhook::{Call, Receiver, ok_after};
@@ -121,6 +124,19 @@ impl From<&common::pulsar::Received> for Message {
             headers: m.properties.clone(),
             key: Some(m.key.clone()),
             body: m.payload.clone(),
+        }
+    }
+}
+
+impl From<&common::aws::Received> for Message {
+    /// SQS and SNS have no CloudEvents binding: their message attributes are named as Kafka's
+    /// headers (binary mode), or the body is the event (structured mode, which HTTP's binding
+    /// reads by its `content-type`).
+    fn from(m: &common::aws::Received) -> Message {
+        Message {
+            headers: m.attributes.clone().into_iter().collect(),
+            key: None,
+            body: m.body.clone().into_bytes(),
         }
     }
 }
@@ -407,4 +423,69 @@ async fn binary_and_structured_mode_on_pulsar_are_read_by_the_cloudevents_sdk() 
             &expected,
         );
     }
+}
+
+/// The fixture with topics SQS and SNS take as names (no dots), FIFO.
+fn named_for_aws(f: Fixture) -> Fixture {
+    Fixture {
+        template: format!("{}-{{aggregate_type}}.fifo", f.prefix),
+        ..f
+    }
+}
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[tokio::test]
+async fn structured_mode_is_the_default_on_sqs_and_is_read_by_the_cloudevents_sdk() {
+    let f = named_for_aws(Fixture::new().await);
+    let queue = create_queue_on(&elasticmq_url(), &format!("{}-order.fifo", f.prefix));
+    record(&f).await;
+    let expected = expected(&f).await;
+    let endpoint = elasticmq_url();
+    let sink = ["--sink", "sqs", "--aws-endpoint-url", &endpoint];
+    let format = ["--format", "cloudevents", "--cloudevents-source", SOURCE];
+    drain_with(&f, &sink, &format).await;
+    let received = receive_all(&queue);
+    for m in &received {
+        assert_eq!(
+            m.attributes["content-type"], "application/cloudevents+json",
+            "structured without --cloudevents-mode"
+        );
+    }
+    assert!(
+        received
+            .iter()
+            .any(|m| m.attributes.get("traceparent").map(String::as_str) == Some(TRACEPARENT)),
+        "the application's header is kept"
+    );
+    assert_events(
+        read_by_the_sdk(received.iter().map(Message::from), Binding::Http),
+        &expected,
+    );
+}
+
+#[tokio::test]
+async fn binary_mode_on_sns_keeps_an_application_header_and_is_read_by_the_cloudevents_sdk() {
+    let f = named_for_aws(Fixture::new().await);
+    let topic = format!("{}-order.fifo", f.prefix);
+    let (arn, queue) = create_topic_with_queue(&topic, &format!("{}-sub.fifo", f.prefix));
+    let prefix = arn.trim_end_matches(&topic).to_owned();
+    record(&f).await;
+    let expected = expected(&f).await;
+    let moto = common::aws::url();
+    let sink = ["--sink", "sns", "--aws-endpoint-url", &moto];
+    let mut format = cloudevents_in("binary").to_vec();
+    format.extend(["--sns-topic-arn-prefix", &prefix]);
+    drain_with(&f, &sink, &format).await;
+    let received = receive_all(&queue);
+    let traced = received
+        .iter()
+        .find(|m| m.attributes.contains_key("traceparent"))
+        .expect("the event with an application header, not parked");
+    assert_eq!(traced.attributes.len(), 10, "{:?}", traced.attributes);
+    assert_eq!(traced.attributes["traceparent"], TRACEPARENT);
+    assert_events(
+        read_by_the_sdk(received.iter().map(Message::from), Binding::KafkaBinary),
+        &expected,
+    );
 }

@@ -31,7 +31,14 @@ pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
         ("mode", name(config.mode)),
         ("topic_template", config.topic_template),
         ("format", name(FormatKind::default())),
-        ("cloudevents_mode", name(CloudEventsMode::default())),
+        (
+            "cloudevents_mode",
+            format!(
+                "{}; {} on SQS and SNS",
+                name(CloudEventsMode::Binary),
+                name(CloudEventsMode::Structured)
+            ),
+        ),
         ("wakeup", name(config.wakeup)),
         ("source", name(SourceKind::default())),
         ("wal_slot", wal.slot),

@@ -54,7 +54,7 @@ pub(super) struct DatabaseArgs {
 /// topic_template = "outbox.event.{aggregate_type}"
 /// format = "outbox"          # or "cloudevents", with cloudevents_source (and cloudevents_mode)
 /// cloudevents_source = "//shop.example.com/orders"
-/// cloudevents_mode = "binary" # or "structured"
+/// cloudevents_mode = "binary" # or "structured" (the default on SQS and SNS)
 /// lease_refresh = "1s"
 /// statement_timeout = "30s"  # the relay's own statements; twice this without an answer: reconnect
 /// retention = "7d"           # or "off"
@@ -116,7 +116,7 @@ pub(super) struct Settings {
     #[arg(long, env = "OUTBOX_CLOUDEVENTS_SOURCE")]
     pub cloudevents_source: Option<String>,
     /// CloudEvents' attributes in headers (binary), or the whole event as the payload
-    /// (structured).
+    /// (structured, the default on SQS and SNS, which have no protocol binding).
     #[arg(long, value_enum)]
     pub cloudevents_mode: Option<CloudEventsMode>,
     /// Poll, or LISTEN/NOTIFY on PostgreSQL.
@@ -528,7 +528,8 @@ impl Settings {
                                 .into(),
                         )
                     })?;
-                let mode = match self.cloudevents_mode.unwrap_or_default() {
+                let sink = self.sink.kind.unwrap_or_else(default_sink);
+                let mode = match self.cloudevents_mode.unwrap_or(sink.cloudevents_mode()) {
                     CloudEventsMode::Binary => Mode::Binary,
                     CloudEventsMode::Structured => Mode::Structured,
                 };

@@ -152,12 +152,12 @@ pub(super) enum FormatKind {
     CloudEvents,
 }
 
-/// How a CloudEvent is carried by a message.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+/// How a CloudEvent is carried by a message (the default depends on the sink:
+/// [`SinkKind::cloudevents_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub(super) enum CloudEventsMode {
     /// Attributes as headers, the payload the event's JSON.
-    #[default]
     Binary,
     /// The whole event as the JSON payload.
     Structured,
@@ -190,4 +190,19 @@ pub(super) enum SinkKind {
     #[cfg(feature = "sns")]
     Sns,
     Stdout,
+}
+
+impl SinkKind {
+    /// CloudEvents' mode when `--cloudevents-mode` is not given: structured on SQS and SNS,
+    /// which have no protocol binding and carry ten message attributes at most (binary mode's
+    /// attributes take nine of them, leaving one for the application's headers); binary elsewhere.
+    pub(super) fn cloudevents_mode(self) -> CloudEventsMode {
+        match self {
+            #[cfg(feature = "sqs")]
+            SinkKind::Sqs => CloudEventsMode::Structured,
+            #[cfg(feature = "sns")]
+            SinkKind::Sns => CloudEventsMode::Structured,
+            _ => CloudEventsMode::Binary,
+        }
+    }
 }

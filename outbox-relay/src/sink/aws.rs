@@ -193,10 +193,14 @@ pub(crate) fn message_size(body: &str, attributes: &[(String, String)]) -> usize
             .sum::<usize>()
 }
 
-/// The message attributes of `message`: the contract's headers and `aggregate_id`.
+/// The message attributes of `message`: its headers, and `aggregate_id` unless CloudEvents'
+/// `ce_subject` (binary mode) already carries the aggregate id: SQS and SNS carry ten
+/// attributes at most, and binary mode's take nine.
 pub(crate) fn attributes(message: &super::Message) -> Vec<(String, String)> {
     let mut attributes = message.headers.clone();
-    attributes.push(("aggregate_id".into(), message.key.clone()));
+    if message.header("ce_subject").is_none() {
+        attributes.push(("aggregate_id".into(), message.key.clone()));
+    }
     attributes
 }
 
@@ -211,7 +215,8 @@ pub(crate) fn check(
         .map_err(|e| SinkError::permanent(format!("the payload is not UTF-8 text: {e}")))?;
     if attributes.len() > MAX_ATTRIBUTES {
         return Err(SinkError::permanent(format!(
-            "the event has {} headers; SQS and SNS carry at most {MAX_ATTRIBUTES}",
+            "the event has {} headers; SQS and SNS carry at most {MAX_ATTRIBUTES} \
+             (CloudEvents' structured mode carries its attributes in the body)",
             attributes.len()
         )));
     }
@@ -581,6 +586,34 @@ mod tests {
             }
             .boxed()
         }
+    }
+
+    #[test]
+    fn binary_cloudevents_leave_room_for_one_application_header() {
+        use crate::cloudevents::{CloudEvents, Mode};
+        use crate::sink::Message;
+        let mut message = Message::example();
+        message
+            .headers
+            .push(("traceparent".into(), "00-1-2-01".into()));
+        let contract = attributes(&message);
+        assert!(contract.contains(&("aggregate_id".into(), message.key.clone())));
+        let binary =
+            CloudEvents::new("//shop", Mode::Binary).apply(message.clone(), Some(0), "ce_");
+        let binary = attributes(&binary);
+        assert_eq!(binary.len(), MAX_ATTRIBUTES, "{binary:?}");
+        assert!(
+            binary.iter().all(|(name, _)| name != "aggregate_id"),
+            "ce_subject carries it"
+        );
+        check(b"{}", &binary, 1 << 20).expect("binary mode with one application header fits");
+        let structured =
+            CloudEvents::new("//shop", Mode::Structured).apply(message, Some(0), "ce_");
+        assert_eq!(
+            attributes(&structured).len(),
+            3,
+            "content-type, traceparent, aggregate_id"
+        );
     }
 
     #[tokio::test]

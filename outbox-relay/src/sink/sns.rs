@@ -13,6 +13,11 @@
 //!   sends again within five minutes.
 //! - **Standard topics**: order is best effort and a message may arrive twice: consumers
 //!   deduplicate by the `id` attribute (the inbox).
+//!
+//! CloudEvents (`--format cloudevents`) are structured by default here: SNS has no protocol
+//! binding, and binary mode's attributes (named `ce_…` as Kafka's binding names them, with
+//! `ce_subject` standing in for `aggregate_id`) take nine of the ten message attributes, leaving
+//! one for the application's headers.
 
 use super::aws::{Answers, AwsSettings, Batches, Lanes, attributes, check, classify};
 use super::{Ack, Message, Sink, SinkError};

@@ -14,6 +14,11 @@
 //!   five-minute window: consumers receive each event once.
 //! - **Standard queues**: SQS orders messages on a best-effort basis only, and may deliver one
 //!   twice: consumers must not rely on order and deduplicate by the `id` attribute (the inbox).
+//!
+//! CloudEvents (`--format cloudevents`) are structured by default here: SQS has no protocol
+//! binding, and binary mode's attributes (named `ce_…` as Kafka's binding names them, with
+//! `ce_subject` standing in for `aggregate_id`) take nine of the ten message attributes, leaving
+//! one for the application's headers.
 
 use super::aws::{Answers, AwsSettings, Batches, Lanes, attributes, check, classify};
 use super::{Ack, Message, Sink, SinkError};
