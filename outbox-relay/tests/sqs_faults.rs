@@ -1,6 +1,6 @@
 //! The SQS sink under faults, through the `outbox-relay` binary on real PostgreSQL and ElasticMQ
-//! (an SQS-compatible server): the relay killed mid-drain, the server stopped for 45 seconds; and
-//! the SNS sink with the relay killed mid-drain, on moto. Read
+//! (an SQS-compatible server), and the SNS sink on moto: the relay killed mid-drain, the server
+//! stopped for 45 seconds. Read
 //! back from a FIFO queue by boto3: every event received, each aggregate's in order, and none twice
 //! (the relay's re-sends carry the event id as the deduplication id, inside SQS's five-minute
 //! window).
@@ -70,16 +70,29 @@ async fn the_relay_killed_ten_times_during_a_drain_delivers_every_event_once_in_
 #[tokio::test]
 async fn the_server_stopped_for_45_seconds_while_events_are_recorded_loses_and_repeats_nothing() {
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
-    const METERS: u64 = 20;
     let (f, queue) = with_queue(&Fixture::new().await);
     // Attempts that time out well inside the stop: the SDK gives up on its three, the relay retries
     // the batches, and the copies the server reads when it resumes are deduplicated.
-    let mut relay = spawn_relay(&f, &["--aws-timeout", "5s"]);
-    let writer = Writer::start(&f, METERS, Duration::from_millis(5), reading);
+    let relay = spawn_relay(&f, &["--aws-timeout", "5s"]);
+    stopped_for_45_seconds(&f, relay, "elasticmq", Duration::from_millis(5), &queue).await;
+}
+
+/// Records readings of 20 meters, one every `interval`, while the server `server` (as
+/// scripts/services names it) is stopped for 45 seconds under `relay`, then checks that `relay`
+/// retried timed-out batches, parked nothing, and that `queue` holds every reading once, in order.
+async fn stopped_for_45_seconds(
+    f: &Fixture,
+    mut relay: common::KillOnDrop,
+    server: &str,
+    interval: Duration,
+    queue: &str,
+) {
+    const METERS: u64 = 20;
+    let writer = Writer::start(f, METERS, interval, reading);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    common::services("pause-elasticmq");
+    common::services(&format!("pause-{server}"));
     tokio::time::sleep(Duration::from_secs(45)).await;
-    common::services("resume-elasticmq");
+    common::services(&format!("resume-{server}"));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let total = writer.finish().await;
     f.wait_until_drained(Duration::from_secs(180)).await;
@@ -96,9 +109,31 @@ async fn the_server_stopped_for_45_seconds_while_events_are_recorded_loses_and_r
         "nothing is parked for a server that stopped answering"
     );
 
-    let arrived = received_readings(&queue);
+    let arrived = received_readings(queue);
     let duplicates = common::assert_complete_and_ordered(arrived, &readings(total, METERS));
     assert_eq!(duplicates, 0, "events delivered twice after the stop");
+}
+
+/// The fixture publishing to the FIFO topic `<prefix>-meter.fifo` on moto, the topics' ARN
+/// prefix, and the URL of the FIFO queue subscribed to it.
+fn with_topic(f: &Fixture) -> (Fixture, String, String) {
+    let f = Fixture {
+        template: format!("{}-{{aggregate_type}}.fifo", f.prefix),
+        ..f.clone()
+    };
+    let topic = format!("{}-meter.fifo", f.prefix);
+    let (arn, queue) = create_topic_with_queue(&topic, &format!("{}-sub.fifo", f.prefix));
+    let prefix = arn.trim_end_matches(&topic).to_owned();
+    (f, prefix, queue)
+}
+
+/// The relay binary publishing the fixture's outbox to SNS on moto, topics' ARNs after `prefix`,
+/// in batches of 20 (moto's cost per message).
+fn spawn_sns_relay(f: &Fixture, prefix: &str, extra: &[&str]) -> common::KillOnDrop {
+    let moto = common::aws::url();
+    let mut args = vec!["--sns-topic-arn-prefix", prefix, "--batch-size", "20"];
+    args.extend(extra);
+    f.spawn_relay_to(&["--sink", "sns", "--aws-endpoint-url", &moto], &args)
 }
 
 /// SNS (moto: ElasticMQ has no SNS) to a FIFO topic and its subscribed FIFO queue, the relay killed
@@ -110,25 +145,21 @@ async fn sns_the_relay_killed_ten_times_during_a_drain_delivers_every_event_once
     let _one = ONE_FAULT_AT_A_TIME.lock().await;
     const TOTAL: u64 = 1_000;
     const METERS: u64 = 20;
-    let f = Fixture::new().await;
-    let f = Fixture {
-        template: format!("{}-{{aggregate_type}}.fifo", f.prefix),
-        ..f.clone()
-    };
-    let topic = format!("{}-meter.fifo", f.prefix);
-    let (arn, queue) = create_topic_with_queue(&topic, &format!("{}-sub.fifo", f.prefix));
-    let prefix = arn.trim_end_matches(&topic).to_owned();
+    let (f, prefix, queue) = with_topic(&Fixture::new().await);
     insert_readings(&f, TOTAL, METERS).await;
-    let moto = common::aws::url();
-    drain_through_ten_kills(&f, 50, || {
-        f.spawn_relay_to(
-            &["--sink", "sns", "--aws-endpoint-url", &moto],
-            &["--sns-topic-arn-prefix", &prefix, "--batch-size", "20"],
-        )
-    })
-    .await;
+    drain_through_ten_kills(&f, 50, || spawn_sns_relay(&f, &prefix, &[])).await;
 
     let arrived = received_readings(&queue);
     let duplicates = common::assert_complete_and_ordered(arrived, &readings(TOTAL, METERS));
     assert_eq!(duplicates, 0, "events delivered twice after the kills");
+}
+
+#[tokio::test]
+async fn sns_the_server_stopped_for_45_seconds_while_events_are_recorded_loses_and_repeats_nothing()
+{
+    let _one = ONE_FAULT_AT_A_TIME.lock().await;
+    let (f, prefix, queue) = with_topic(&Fixture::new().await);
+    let relay = spawn_sns_relay(&f, &prefix, &["--aws-timeout", "5s"]);
+    // A reading every 50 ms, about 1,000 in all: moto's cost per message.
+    stopped_for_45_seconds(&f, relay, "moto", Duration::from_millis(50), &queue).await;
 }
