@@ -197,6 +197,13 @@ impl InFlight {
         self.admission
             .unanswered(self.sent.iter().map(|sent| &sent.row))
     }
+
+    /// Whether any of `rows` is of an aggregate this batch sent or refused an event of: a batch
+    /// of `rows` sent before this one is answered would hold it.
+    pub fn shares_aggregates(&self, rows: &[OutboxRow]) -> bool {
+        let waiting = self.unanswered();
+        rows.iter().any(|row| waiting.holds(row))
+    }
 }
 
 /// One sent row and the future of the broker's answer.

@@ -13,8 +13,9 @@
 //!    failures were written, so the aggregates with a failure in this batch are held in the next
 //!    one too (their events left untouched, for a claim that sees the failure).
 //! 4. **What is unanswered holds the next.** A batch may be sent before the one in flight is
-//!    answered (at a low rate the relay does not wait for a slow answer): it holds every aggregate
-//!    that the batch in flight sent or refused an event of, whatever the answers will be.
+//!    answered (at a low rate the relay does not wait for a slow answer, and at full rate it does
+//!    not wait when the new batch has no event of the aggregates in flight): it holds every
+//!    aggregate that the batch in flight sent or refused an event of, whatever the answers will be.
 //!
 //! Held events are left untouched: a later claim finds them again, in `seq` order.
 
@@ -26,9 +27,16 @@ fn aggregate(row: &OutboxRow) -> Aggregate {
     row.aggregate()
 }
 
-/// Aggregates whose events must not be sent in the next batch (rule 3).
+/// Aggregates whose events must not be sent in the next batch (rules 3 and 4).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Waiting(HashSet<Aggregate>);
+
+impl Waiting {
+    /// Whether `row`'s aggregate waits.
+    pub fn holds(&self, row: &OutboxRow) -> bool {
+        !self.0.is_empty() && self.0.contains(&aggregate(row))
+    }
+}
 
 /// Decides, row by row in `seq` order, which events of a batch are handed to the sink.
 #[derive(Debug)]

@@ -202,10 +202,10 @@ impl Relay {
     ///
     /// The loop is a two-stage pipeline: while the broker answers for the batch in flight, the
     /// database claims the next one; then the answers are read, the new batch is sent, and the
-    /// answered batch is settled while the broker works on the new one. At a low rate the loop
-    /// does not wait for a slow answer either: the new batch goes out holding the aggregates still
-    /// in flight. At most two batches are unsettled at any moment (`docs/design.md`,
-    /// "Pipelining").
+    /// answered batch is settled while the broker works on the new one. The loop does not wait
+    /// for answers the new batch does not need (at a low rate, or when it has no event of the
+    /// aggregates in flight): it goes out holding the aggregates still in flight. At most two
+    /// batches are unsettled at any moment (`docs/design.md`, "Pipelining").
     async fn run_connected(
         &self,
         shutdown: &CancellationToken,
@@ -278,13 +278,15 @@ impl Relay {
             let in_flight_seqs = in_flight.as_ref().map_or(&[][..], |b| &b.settled);
             let claim = source.claim(&self.limits(), in_flight_seqs).await?;
 
-            // The batch in flight: a full one, or one whose answers are in, is answered first, and
-            // its failures hold their aggregates in the new batch (ordering rule 3). One that still
-            // waits for an answer at a low rate is not waited for: the new batch holds every
-            // aggregate it has in flight (rule 4), so a slow answer delays only those.
-            let answer_first = in_flight
-                .as_mut()
-                .is_some_and(|batch| batch.full || batch.answered(ack_timeout));
+            // The batch in flight: one whose answers are in is answered first, and its failures
+            // hold their aggregates in the new batch (ordering rule 3). So is a full one when the
+            // new batch has events of its aggregates, which waiting lets through. Otherwise it is
+            // not waited for: the new batch goes out at once holding every aggregate in flight
+            // (rule 4). At a low rate a slow answer so delays only its aggregates; at full rate
+            // the broker gets the next batch while it answers for this one.
+            let answer_first = in_flight.as_mut().is_some_and(|batch| {
+                batch.answered(ack_timeout) || (batch.full && batch.shares_aggregates(&claim.rows))
+            });
             let mut before = match in_flight.take() {
                 Some(batch) if !answer_first => {
                     if claim.rows.is_empty() {

@@ -1,5 +1,6 @@
-//! The pipelined loop: the next claim runs while the broker answers for the batch in flight, and
-//! still sends no event twice while nothing fails, in order per aggregate.
+//! The pipelined loop: the next claim runs while the broker answers for the batch in flight, the
+//! next batch goes out before that answer when it needs none of it, and the loop still sends no
+//! event twice while nothing fails, in order per aggregate.
 
 mod common;
 
@@ -118,6 +119,62 @@ async fn claims_overlapping_the_acks_send_each_event_once_and_in_order() {
         assert!(order.is_sorted(), "{key}: {order:?}");
     }
     eprintln!("1000 events in batches of 50 with 20 ms acks: {elapsed:?}");
+}
+
+/// At full rate, a batch with no event of the aggregates in flight goes out before the batch in
+/// flight is answered: the broker holds two batches at once. Each event is still sent once and
+/// in order.
+#[tokio::test]
+async fn a_full_batch_of_other_aggregates_goes_out_before_the_one_in_flight_is_answered() {
+    let f = Fixture::new().await;
+    // Consecutive batches of 50 share no aggregate: 1000 aggregates, one event each in turn.
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'cart', 'c-' || (g % 1000), 'CartChanged', jsonb_build_object('g', g)
+         FROM generate_series(0, 1999) g",
+    )
+    .await
+    .unwrap();
+    let mut config = f.relay_config();
+    config.batch_size = 50;
+    let sink = SlowBroker::new(Duration::from_millis(50));
+    let relay = Relay::new(config, sink.clone());
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
+    });
+    f.wait_until_drained(Duration::from_secs(60)).await;
+    shutdown.cancel();
+    running.await.unwrap();
+
+    let seen = sink.seen();
+    let (mut outstanding, mut most) = (0usize, 0usize);
+    for s in &seen {
+        match s {
+            Seen::Enqueued(..) => outstanding += 1,
+            Seen::Acked(..) => outstanding -= 1,
+        }
+        most = most.max(outstanding);
+    }
+    assert!(
+        most > 50,
+        "at most {most} messages awaited their answers: the relay waited for each full batch"
+    );
+    assert!(
+        most <= 100,
+        "{most} messages in flight: more than two batches"
+    );
+    let enqueued = sink.enqueued();
+    assert_eq!(enqueued.len(), 2000, "no event was sent twice");
+    let mut by_key: std::collections::HashMap<String, Vec<i64>> = Default::default();
+    for (key, seq) in enqueued {
+        by_key.entry(key).or_default().push(seq);
+    }
+    assert_eq!(by_key.len(), 1000);
+    for (key, seqs) in by_key {
+        assert!(seqs.is_sorted(), "{key}: {seqs:?}");
+    }
 }
 
 /// At a low rate the loop does not wait for a slow answer before it claims and sends again: an
