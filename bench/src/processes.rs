@@ -1,5 +1,6 @@
 //! The CPU time and memory of the processes a measurement involves: the publisher (the relay
-//! binary, Debezium's worker, or this process), PostgreSQL and Kafka.
+//! binary, Debezium's worker, or this process), PostgreSQL and the broker (Kafka, unless a
+//! measurement names another).
 
 use std::process::Command;
 
@@ -85,25 +86,31 @@ pub fn peak_rss_mib(pid: u32) -> f64 {
     hwm_kib / 1024.0
 }
 
-/// CPU seconds used so far by the publisher, PostgreSQL and Kafka.
+/// CPU seconds used so far by the publisher, PostgreSQL and the broker.
 #[derive(Debug, Clone, Copy)]
 pub struct Cpu {
     pub publisher: f64,
     pub postgres: f64,
-    pub kafka: Option<f64>,
+    pub broker: Option<f64>,
 }
 
 /// The processes of one measurement.
 pub struct Processes {
     pub postmaster: u32,
-    pub kafka: Option<u32>,
+    pub broker: Option<u32>,
 }
 
 impl Processes {
+    /// PostgreSQL's and Kafka's processes.
     pub async fn find(pool: &sqlx::PgPool) -> Processes {
+        Processes::with_broker(pool, kafka()).await
+    }
+
+    /// PostgreSQL's processes and `broker`'s.
+    pub async fn with_broker(pool: &sqlx::PgPool, broker: Option<u32>) -> Processes {
         Processes {
             postmaster: postmaster(pool).await,
-            kafka: kafka(),
+            broker,
         }
     }
 
@@ -112,17 +119,17 @@ impl Processes {
         Cpu {
             publisher: cpu_seconds(publisher),
             postgres: postgres_cpu_seconds(self.postmaster),
-            kafka: self.kafka.map(cpu_seconds),
+            broker: self.broker.map(cpu_seconds),
         }
     }
 }
 
 /// CPU microseconds per event, each process's share, between two samples.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct PerEvent {
     pub publisher_us: f64,
     pub postgres_us: f64,
-    pub kafka_us: Option<f64>,
+    pub broker_us: Option<f64>,
 }
 
 impl PerEvent {
@@ -131,7 +138,13 @@ impl PerEvent {
         PerEvent {
             publisher_us: per(after.publisher - before.publisher),
             postgres_us: per(after.postgres - before.postgres),
-            kafka_us: after.kafka.zip(before.kafka).map(|(a, b)| per(a - b)),
+            broker_us: after.broker.zip(before.broker).map(|(a, b)| per(a - b)),
         }
+    }
+
+    /// The cores these processes kept busy at `events_per_second`.
+    pub fn cores_busy(&self, events_per_second: f64) -> f64 {
+        (self.publisher_us + self.postgres_us + self.broker_us.unwrap_or(0.0)) * events_per_second
+            / 1e6
     }
 }

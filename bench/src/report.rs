@@ -287,32 +287,7 @@ impl Report {
             out.push_str(&self.as_run_table());
         }
         if !self.sinks.rows.is_empty() {
-            let no_broker = self.sinks.no_broker;
-            let _ = writeln!(
-                out,
-                "\n### Other sinks (the relay binary, 1 replica, batch 500, mark)\n\n\
-                 The relay with the stdout sink (no broker) drains {no_broker:.0} events/s: its own \
-                 limit on this database. The last column divides by the lower of that and the raw \
-                 client's.\n"
-            );
-            let _ = writeln!(
-                out,
-                "| sink | server | events | raw client msgs/s | relay events/s | relay / raw client | relay / limit |"
-            );
-            let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
-            for r in &self.sinks.rows {
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {} | {:.0} | {:.0} | {:.2} | {:.2} |",
-                    r.sink,
-                    r.server,
-                    r.events,
-                    r.raw,
-                    r.relay,
-                    r.relay / r.raw,
-                    r.ratio_to_limit(no_broker)
-                );
-            }
+            out.push_str(&self.sinks_tables());
         }
         if let Some(p) = &self.pulsar {
             let _ = writeln!(out, "\n### Pulsar (1 replica, batch {}, mark)\n", p.batch);
@@ -370,12 +345,14 @@ impl Report {
             "mariadb": self.mariadb.as_ref().map(crate::mariadb::Measured::json),
             "sinks": self.sinks.rows.iter().map(|r| json!({
                 "sink": r.sink, "server": r.server, "events": r.events,
-                "raw_client": r.raw, "relay": r.relay, "relay_no_broker": self.sinks.no_broker,
+                "raw_client": run_json(&r.raw), "relay": run_json(&r.relay),
+                "relay_delete": run_json(&r.relay_delete),
+                "relay_no_broker": run_json(&self.sinks.no_broker),
             })).collect::<Vec<_>>(),
             "as_run": self.as_run.iter().map(|d| json!({
                 "publisher": d.name, "events_per_second": d.events_per_second,
                 "publisher_cpu_us_per_event": d.cpu.publisher_us, "postgres_cpu_us_per_event": d.cpu.postgres_us,
-                "kafka_cpu_us_per_event": d.cpu.kafka_us, "peak_rss_mib": d.peak_rss_mib,
+                "kafka_cpu_us_per_event": d.cpu.broker_us, "peak_rss_mib": d.peak_rss_mib,
             })).collect::<Vec<_>>(),
             "wal_drain": self.wal_drain.iter().map(|(w, v)| json!({ "backlog": w, "events_per_second": v })).collect::<Vec<_>>(),
             "wal_relay_binary": self.wal_resources.as_ref().map(|r| json!({
@@ -393,6 +370,69 @@ impl Report {
 }
 
 impl Report {
+    /// The other sinks: each raw client's limit and the relay's drains (mark and delete mode),
+    /// then where each run's CPU went and the cores it kept busy.
+    fn sinks_tables(&self) -> String {
+        let mut out = String::new();
+        let no_broker = &self.sinks.no_broker;
+        let _ = writeln!(
+            out,
+            "\n### Other sinks (the relay binary, 1 replica, batch 500)\n\n\
+             The relay with the stdout sink (no broker, mark mode) drains {:.0} events/s: its own \
+             limit on this database. The last column divides the mark-mode drain by the lower of \
+             that and the raw client's.\n",
+            no_broker.rate
+        );
+        let _ = writeln!(
+            out,
+            "| sink | server | events | raw client msgs/s | relay, mark | relay, delete | mark / raw client | delete / raw client | mark / limit |"
+        );
+        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &self.sinks.rows {
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                r.sink,
+                r.server,
+                r.events,
+                r.raw.rate,
+                r.relay.rate,
+                r.relay_delete.rate,
+                r.relay.rate / r.raw.rate,
+                r.relay_delete.rate / r.raw.rate,
+                r.ratio_to_limit(no_broker.rate)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nCPU µs per event: the publisher (the raw client in this process, or the relay), \
+             PostgreSQL, the broker; and the cores the three kept busy (of 2).\n"
+        );
+        let _ = writeln!(
+            out,
+            "| sink | run | per s | publisher | PostgreSQL | broker | cores busy |"
+        );
+        let _ = writeln!(out, "|---|---|---:|---:|---:|---:|---:|");
+        let mut line = |sink: &str, run: &str, r: &crate::sinks::Run| {
+            let _ = writeln!(
+                out,
+                "| {sink} | {run} | {:.0} | {:.1} | {:.1} | {} | {:.2} |",
+                r.rate,
+                r.cpu.publisher_us,
+                r.cpu.postgres_us,
+                r.cpu.broker_us.map_or("-".into(), |b| format!("{b:.1}")),
+                r.cores_busy()
+            );
+        };
+        line("stdout", "relay, mark", no_broker);
+        for r in &self.sinks.rows {
+            line(r.sink, "raw client", &r.raw);
+            line(r.sink, "relay, mark", &r.relay);
+            line(r.sink, "relay, delete", &r.relay_delete);
+        }
+        out
+    }
+
     /// The drains as users run them: one row per publisher, its rounds side by side, the ratios to
     /// Debezium and to the null WAL pipeline from the same run, and the CPU each event cost where.
     fn as_run_table(&self) -> String {
@@ -459,12 +499,21 @@ impl Report {
                 ratio(null_wal),
                 avg(&|d| Some(d.cpu.publisher_us)),
                 avg(&|d| Some(d.cpu.postgres_us)),
-                avg(&|d| d.cpu.kafka_us),
+                avg(&|d| d.cpu.broker_us),
                 avg(&|d| Some(d.peak_rss_mib)),
             );
         }
         out
     }
+}
+
+/// One sink run as JSON.
+fn run_json(r: &crate::sinks::Run) -> serde_json::Value {
+    json!({
+        "per_second": r.rate, "publisher_cpu_us_per_event": r.cpu.publisher_us,
+        "postgres_cpu_us_per_event": r.cpu.postgres_us, "broker_cpu_us_per_event": r.cpu.broker_us,
+        "cores_busy": r.cores_busy(),
+    })
 }
 
 #[cfg(test)]

@@ -1,14 +1,19 @@
 //! The sinks beyond Kafka and Pulsar (NATS JetStream, RabbitMQ, SQS): each raw client's limit
 //! and the relay binary draining the same backlog into the same server, in one run.
 //!
-//! The raw clients send as the sinks do: NATS publishes with headers and `Nats-Msg-Id`, windows
+//! The raw clients send as the sinks do, with the same headers (the relay's contract and
+//! `aggregate_id`): NATS publishes with headers and `Nats-Msg-Id`, windows
 //! of `batch` messages, acknowledgements awaited per window; RabbitMQ publishes persistent,
 //! mandatory messages on a confirming channel, windows of `batch`, confirms awaited per window;
 //! SQS sends batches of ten to a FIFO queue (group id and deduplication id), as many batches in
 //! flight as the sink's lanes. The relay is the binary, its drain timed from its start to the
-//! last row marked. Beside them, the same binary with the stdout sink (to /dev/null): the relay's
-//! own limit on this database, which no broker can raise.
+//! last row marked, in mark mode and in delete mode (which costs PostgreSQL less). Beside them,
+//! the same binary with the stdout sink (to /dev/null): the relay's own limit on this database,
+//! which no broker can raise. Each run's CPU per event is split between the publisher (the raw
+//! client or the relay), PostgreSQL and the broker, and summed into the cores it kept busy: on
+//! two cores, a run near two is bound by the CPU the three share.
 
+use crate::processes::{PerEvent, Processes};
 use crate::setup;
 use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName, SendMessageBatchRequestEntry};
 use futures::StreamExt;
@@ -20,7 +25,22 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
-/// One sink's raw limit and the relay's drain through it.
+/// One run: its rate and where its CPU went.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Run {
+    /// Messages (raw client) or events (relay) per second.
+    pub rate: f64,
+    pub cpu: PerEvent,
+}
+
+impl Run {
+    /// The cores the publisher, PostgreSQL and the broker kept busy.
+    pub fn cores_busy(&self) -> f64 {
+        self.cpu.cores_busy(self.rate)
+    }
+}
+
+/// One sink's raw limit and the relay's drains through it.
 #[derive(Debug, Clone)]
 pub struct SinkRow {
     /// The sink, as `--sink` names it.
@@ -28,24 +48,30 @@ pub struct SinkRow {
     /// The server measured on.
     pub server: &'static str,
     pub events: usize,
-    pub raw: f64,
-    pub relay: f64,
+    pub raw: Run,
+    /// The relay in mark mode (the default).
+    pub relay: Run,
+    /// The relay in delete mode.
+    pub relay_delete: Run,
 }
 
 impl SinkRow {
-    /// The relay's drain against the lower of the raw client's limit and the relay's own
-    /// (`no_broker`, the stdout sink's drain).
+    /// The relay's drain (mark mode) against the lower of the raw client's limit and the relay's
+    /// own (`no_broker`, the stdout sink's drain).
     pub fn ratio_to_limit(&self, no_broker: f64) -> f64 {
-        self.relay / self.raw.min(no_broker)
+        self.relay.rate / self.raw.rate.min(no_broker)
     }
 }
 
-/// Where the servers are, from `scripts/services`' environment.
+/// Where the servers are, from `scripts/services`' environment, and their processes.
 pub struct Servers {
     pub nats_url: String,
     pub nats_token: String,
+    pub nats_pid: Option<u32>,
     pub rabbitmq_url: String,
+    pub rabbitmq_pid: Option<u32>,
     pub sqs_url: String,
+    pub sqs_pid: Option<u32>,
 }
 
 impl Servers {
@@ -58,16 +84,20 @@ impl Servers {
                 )
             })
         };
+        let pid = |name: &str| std::env::var(name).ok().and_then(|p| p.parse().ok());
         Servers {
             nats_url: var("NATS_URL"),
             nats_token: var("OUTBOX_NATS_TOKEN"),
+            nats_pid: pid("OUTBOX_NATS_PID"),
             rabbitmq_url: var("RABBITMQ_URL"),
+            rabbitmq_pid: pid("OUTBOX_RABBITMQ_PID"),
             sqs_url: var("OUTBOX_ELASTICMQ_URL"),
+            sqs_pid: pid("OUTBOX_ELASTICMQ_PID"),
         }
     }
 }
 
-/// Each sink's raw limit and the relay's drain, `events` over `aggregates` (SQS: a quarter of
+/// Each sink's raw limit and the relay's drains, `events` over `aggregates` (SQS: a quarter of
 /// them, ElasticMQ being far slower than the others).
 pub async fn measure(
     relay_bin: &Path,
@@ -77,64 +107,94 @@ pub async fn measure(
     aggregates: usize,
     batch: usize,
 ) -> Measured {
-    eprintln!("  no broker (stdout)...");
-    let sink = ["--sink", "stdout"];
-    let no_broker = relay_drain(
+    let drain = Drain {
         relay_bin,
         db,
-        &sink,
-        "bench.{aggregate_type}",
-        events,
         aggregates,
         batch,
-    )
-    .await;
+    };
+    let pool = sqlx::PgPool::connect(db)
+        .await
+        .expect("connect to PostgreSQL");
+    let postmaster = crate::processes::postmaster(&pool).await;
+    let with = |broker| Processes { postmaster, broker };
+    eprintln!("  no broker (stdout)...");
+    let sink = ["--sink", "stdout"];
+    let no_broker = drain
+        .run(&sink, "bench.{aggregate_type}", events, "mark", &with(None))
+        .await;
     let mut rows = Vec::new();
     eprintln!("  NATS JetStream...");
-    let raw = nats_raw(servers, events, aggregates, batch).await;
-    let relay = nats_relay(relay_bin, db, servers, events, aggregates, batch).await;
+    let nats = with(servers.nats_pid);
     rows.push(SinkRow {
         sink: "nats",
         server: "nats-server (JetStream, file storage)",
         events,
-        raw,
-        relay,
+        raw: nats_raw(servers, events, aggregates, batch, &nats).await,
+        relay: nats_relay(&drain, servers, events, "mark", &nats).await,
+        relay_delete: nats_relay(&drain, servers, events, "delete", &nats).await,
     });
     eprintln!("  RabbitMQ...");
-    let raw = rabbitmq_raw(servers, events, aggregates, batch).await;
-    let relay = rabbitmq_relay(relay_bin, db, servers, events, aggregates, batch).await;
+    let rabbitmq = with(servers.rabbitmq_pid);
     rows.push(SinkRow {
         sink: "rabbitmq",
         server: "RabbitMQ (durable queue, publisher confirms)",
         events,
-        raw,
-        relay,
+        raw: rabbitmq_raw(servers, events, aggregates, batch, &rabbitmq).await,
+        relay: rabbitmq_relay(&drain, servers, events, "mark", &rabbitmq).await,
+        relay_delete: rabbitmq_relay(&drain, servers, events, "delete", &rabbitmq).await,
     });
     eprintln!("  SQS...");
     let events = (events / 4).max(1);
-    let raw = sqs_raw(servers, events, aggregates).await;
-    let relay = sqs_relay(relay_bin, db, servers, events, aggregates, batch).await;
+    let sqs = with(servers.sqs_pid);
     rows.push(SinkRow {
         sink: "sqs",
         server: "ElasticMQ (FIFO queue; not SQS's performance)",
         events,
-        raw,
-        relay,
+        raw: sqs_raw(servers, events, aggregates, &sqs).await,
+        relay: sqs_relay(&drain, servers, events, "mark", &sqs).await,
+        relay_delete: sqs_relay(&drain, servers, events, "delete", &sqs).await,
     });
     Measured { no_broker, rows }
+}
+
+/// `sending` (`events` messages) run by this process: its rate, and the CPU it, PostgreSQL and
+/// the broker used.
+async fn timed(processes: &Processes, events: usize, sending: impl Future<Output = ()>) -> Run {
+    let me = std::process::id();
+    let before = processes.cpu(me);
+    let started = Instant::now();
+    sending.await;
+    let rate = events as f64 / started.elapsed().as_secs_f64();
+    Run {
+        rate,
+        cpu: PerEvent::between(before, processes.cpu(me), events),
+    }
 }
 
 /// The part's results: the relay's own limit, and each sink's row.
 #[derive(Debug, Clone, Default)]
 pub struct Measured {
-    /// Events/s of the relay binary with the stdout sink.
-    pub no_broker: f64,
+    /// The relay binary with the stdout sink.
+    pub no_broker: Run,
     pub rows: Vec<SinkRow>,
 }
 
 /// A payload of about the relay's size.
 fn payload() -> Vec<u8> {
     "x".repeat(200).into_bytes()
+}
+
+/// The headers the sinks send with the `g`th event (the relay's contract and `aggregate_id`), so
+/// that the broker stores as much per message for the raw client as for the relay.
+fn headers(g: usize, aggregates: usize) -> [(&'static str, String); 5] {
+    [
+        ("id", Uuid::now_v7().to_string()),
+        ("event_type", "OrderPlaced".to_owned()),
+        ("aggregate_type", "order".to_owned()),
+        ("event_version", "1".to_owned()),
+        ("aggregate_id", format!("agg-{}", g % aggregates)),
+    ]
 }
 
 async fn nats_context(servers: &Servers) -> async_nats::jetstream::Context {
@@ -157,44 +217,53 @@ async fn nats_stream(context: &async_nats::jetstream::Context, prefix: &str) {
         .expect("create a JetStream stream");
 }
 
-async fn nats_raw(servers: &Servers, events: usize, aggregates: usize, batch: usize) -> f64 {
+async fn nats_raw(
+    servers: &Servers,
+    events: usize,
+    aggregates: usize,
+    batch: usize,
+    processes: &Processes,
+) -> Run {
     let context = nats_context(servers).await;
     let prefix = format!("bench_nats_raw_{}", Uuid::now_v7().simple());
     nats_stream(&context, &prefix).await;
     let subject = format!("{prefix}.order");
     let payload = payload();
-    let started = Instant::now();
-    for window in (0..events).collect::<Vec<_>>().chunks(batch) {
-        let mut acks = Vec::with_capacity(window.len());
-        for &g in window {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("aggregate_id", format!("agg-{}", g % aggregates).as_str());
-            let message = async_nats::jetstream::message::PublishMessage::build()
-                .payload(payload.clone().into())
-                .headers(headers)
-                .message_id(Uuid::now_v7().to_string());
-            acks.push(
-                context
-                    .send_publish(subject.clone(), message)
-                    .await
-                    .expect("publish"),
-            );
+    let sending = async {
+        for window in (0..events).collect::<Vec<_>>().chunks(batch) {
+            let mut acks = Vec::with_capacity(window.len());
+            for &g in window {
+                let mut map = async_nats::HeaderMap::new();
+                let headers = headers(g, aggregates);
+                for (name, value) in &headers {
+                    map.insert(*name, value.as_str());
+                }
+                let message = async_nats::jetstream::message::PublishMessage::build()
+                    .payload(payload.clone().into())
+                    .headers(map)
+                    .message_id(headers[0].1.clone());
+                acks.push(
+                    context
+                        .send_publish(subject.clone(), message)
+                        .await
+                        .expect("publish"),
+                );
+            }
+            for ack in acks {
+                ack.await.expect("JetStream ack");
+            }
         }
-        for ack in acks {
-            ack.await.expect("JetStream ack");
-        }
-    }
-    events as f64 / started.elapsed().as_secs_f64()
+    };
+    timed(processes, events, sending).await
 }
 
 async fn nats_relay(
-    relay_bin: &Path,
-    db: &str,
+    drain: &Drain<'_>,
     servers: &Servers,
     events: usize,
-    aggregates: usize,
-    batch: usize,
-) -> f64 {
+    mode: &str,
+    processes: &Processes,
+) -> Run {
     let context = nats_context(servers).await;
     let prefix = format!("bench_nats_{}", Uuid::now_v7().simple());
     nats_stream(&context, &prefix).await;
@@ -206,16 +275,10 @@ async fn nats_relay(
         "--nats-token",
         &servers.nats_token,
     ];
-    relay_drain(
-        relay_bin,
-        db,
-        &sink,
-        &format!("{prefix}.{{aggregate_type}}"),
-        events,
-        aggregates,
-        batch,
-    )
-    .await
+    let template = format!("{prefix}.{{aggregate_type}}");
+    let run = drain.run(&sink, &template, events, mode, processes).await;
+    let _ = context.delete_stream(&prefix).await;
+    run
 }
 
 /// A connection, and a confirming channel with the durable queue `queue` declared.
@@ -249,61 +312,71 @@ async fn rabbitmq_delete(channel: &lapin::Channel, queue: &str) {
         .await;
 }
 
-async fn rabbitmq_raw(servers: &Servers, events: usize, aggregates: usize, batch: usize) -> f64 {
-    let queue = format!("bench-rabbitmq-raw-{}.order", Uuid::now_v7().simple());
-    let (_connection, channel) = rabbitmq_channel(servers, &queue).await;
-    let payload = payload();
-    let started = Instant::now();
-    for window in (0..events).collect::<Vec<_>>().chunks(batch) {
-        let mut confirms = Vec::with_capacity(window.len());
-        for &g in window {
-            let mut headers = FieldTable::default();
-            headers.insert(
-                "aggregate_id".into(),
-                lapin::types::AMQPValue::LongString(format!("agg-{}", g % aggregates).into()),
-            );
-            let properties = BasicProperties::default()
-                .with_message_id(Uuid::now_v7().to_string().into())
-                .with_delivery_mode(2)
-                .with_content_type("application/json".into())
-                .with_headers(headers);
-            let options = BasicPublishOptions {
-                mandatory: true,
-                ..BasicPublishOptions::default()
-            };
-            confirms.push(
-                channel
-                    .basic_publish(
-                        "".into(),
-                        queue.as_str().into(),
-                        options,
-                        &payload,
-                        properties,
-                    )
-                    .await
-                    .expect("publish"),
-            );
-        }
-        for confirm in confirms {
-            assert!(
-                confirm.await.expect("confirm").is_ack(),
-                "the broker nacked"
-            );
-        }
-    }
-    let rate = events as f64 / started.elapsed().as_secs_f64();
-    rabbitmq_delete(&channel, &queue).await;
-    rate
-}
-
-async fn rabbitmq_relay(
-    relay_bin: &Path,
-    db: &str,
+async fn rabbitmq_raw(
     servers: &Servers,
     events: usize,
     aggregates: usize,
     batch: usize,
-) -> f64 {
+    processes: &Processes,
+) -> Run {
+    let queue = format!("bench-rabbitmq-raw-{}.order", Uuid::now_v7().simple());
+    let (_connection, channel) = rabbitmq_channel(servers, &queue).await;
+    let payload = payload();
+    let sending = async {
+        for window in (0..events).collect::<Vec<_>>().chunks(batch) {
+            let mut confirms = Vec::with_capacity(window.len());
+            for &g in window {
+                let headers = headers(g, aggregates);
+                let mut table = FieldTable::default();
+                for (name, value) in &headers {
+                    table.insert(
+                        (*name).into(),
+                        lapin::types::AMQPValue::LongString(value.as_str().into()),
+                    );
+                }
+                let properties = BasicProperties::default()
+                    .with_message_id(headers[0].1.as_str().into())
+                    .with_delivery_mode(2)
+                    .with_content_type("application/json".into())
+                    .with_type("OrderPlaced".into())
+                    .with_headers(table);
+                let options = BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                };
+                confirms.push(
+                    channel
+                        .basic_publish(
+                            "".into(),
+                            queue.as_str().into(),
+                            options,
+                            &payload,
+                            properties,
+                        )
+                        .await
+                        .expect("publish"),
+                );
+            }
+            for confirm in confirms {
+                assert!(
+                    confirm.await.expect("confirm").is_ack(),
+                    "the broker nacked"
+                );
+            }
+        }
+    };
+    let run = timed(processes, events, sending).await;
+    rabbitmq_delete(&channel, &queue).await;
+    run
+}
+
+async fn rabbitmq_relay(
+    drain: &Drain<'_>,
+    servers: &Servers,
+    events: usize,
+    mode: &str,
+    processes: &Processes,
+) -> Run {
     let prefix = format!("bench-rabbitmq-{}", Uuid::now_v7().simple());
     let queue = format!("{prefix}.order");
     let (_connection, channel) = rabbitmq_channel(servers, &queue).await;
@@ -314,9 +387,9 @@ async fn rabbitmq_relay(
         &servers.rabbitmq_url,
     ];
     let template = format!("{prefix}.{{aggregate_type}}");
-    let rate = relay_drain(relay_bin, db, &sink, &template, events, aggregates, batch).await;
+    let run = drain.run(&sink, &template, events, mode, processes).await;
     rabbitmq_delete(&channel, &queue).await;
-    rate
+    run
 }
 
 /// An SQS client on the server, with the AWS chain's credentials (scripts/bench sets them).
@@ -344,7 +417,12 @@ async fn sqs_queue(client: &aws_sdk_sqs::Client, name: &str) -> String {
 /// The sink's lanes: batches in flight at once to one queue.
 const SQS_LANES: usize = 16;
 
-async fn sqs_raw(servers: &Servers, events: usize, aggregates: usize) -> f64 {
+async fn sqs_raw(
+    servers: &Servers,
+    events: usize,
+    aggregates: usize,
+    processes: &Processes,
+) -> Run {
     let client = sqs_client(servers).await;
     let url = sqs_queue(
         &client,
@@ -357,26 +435,26 @@ async fn sqs_raw(servers: &Servers, events: usize, aggregates: usize) -> f64 {
         .chunks(10)
         .map(<[usize]>::to_vec)
         .collect();
-    let started = Instant::now();
-    futures::stream::iter(batches)
+    let sending = futures::stream::iter(batches)
         .map(|batch| {
             let (client, url, body) = (&client, &url, &body);
             async move {
                 let entries = batch.iter().enumerate().map(|(i, &g)| {
-                    let aggregate = format!("agg-{}", g % aggregates);
-                    let attribute = MessageAttributeValue::builder()
-                        .data_type("String")
-                        .string_value(&aggregate)
-                        .build()
-                        .unwrap();
-                    SendMessageBatchRequestEntry::builder()
+                    let headers = headers(g, aggregates);
+                    let mut entry = SendMessageBatchRequestEntry::builder()
                         .id(i.to_string())
                         .message_body(body)
-                        .message_attributes("aggregate_id", attribute)
-                        .message_group_id(aggregate)
-                        .message_deduplication_id(Uuid::now_v7().to_string())
-                        .build()
-                        .unwrap()
+                        .message_group_id(&headers[4].1)
+                        .message_deduplication_id(&headers[0].1);
+                    for (name, value) in headers {
+                        let attribute = MessageAttributeValue::builder()
+                            .data_type("String")
+                            .string_value(value)
+                            .build()
+                            .unwrap();
+                        entry = entry.message_attributes(name, attribute);
+                    }
+                    entry.build().unwrap()
                 });
                 let answer = client
                     .send_message_batch()
@@ -393,72 +471,88 @@ async fn sqs_raw(servers: &Servers, events: usize, aggregates: usize) -> f64 {
             }
         })
         .buffer_unordered(SQS_LANES)
-        .collect::<Vec<()>>()
-        .await;
-    let rate = events as f64 / started.elapsed().as_secs_f64();
+        .collect::<()>();
+    let run = timed(processes, events, sending).await;
     let _ = client.delete_queue().queue_url(url).send().await;
-    rate
+    run
 }
 
 async fn sqs_relay(
-    relay_bin: &Path,
-    db: &str,
+    drain: &Drain<'_>,
     servers: &Servers,
     events: usize,
-    aggregates: usize,
-    batch: usize,
-) -> f64 {
+    mode: &str,
+    processes: &Processes,
+) -> Run {
     let client = sqs_client(servers).await;
     let prefix = format!("bench-sqs-{}", Uuid::now_v7().simple());
     let url = sqs_queue(&client, &format!("{prefix}-order.fifo")).await;
     let sink = ["--sink", "sqs", "--aws-endpoint-url", &servers.sqs_url];
     let template = format!("{prefix}-{{aggregate_type}}.fifo");
-    let rate = relay_drain(relay_bin, db, &sink, &template, events, aggregates, batch).await;
+    let run = drain.run(&sink, &template, events, mode, processes).await;
     let _ = client.delete_queue().queue_url(url).send().await;
-    rate
+    run
 }
 
-/// The relay binary drains `events` (mark mode, batch `batch`) through `sink`: events/s from its
-/// start to the last row marked.
-async fn relay_drain(
-    relay_bin: &Path,
-    base_url: &str,
-    sink: &[&str],
-    topic_template: &str,
-    events: usize,
+/// The relay binary draining fresh backlogs of `aggregates` aggregates on the database `db`, in
+/// batches of `batch`.
+struct Drain<'a> {
+    relay_bin: &'a Path,
+    db: &'a str,
     aggregates: usize,
     batch: usize,
-) -> f64 {
-    let db = setup::fresh(base_url).await;
-    setup::fill(&db, events, aggregates).await;
-    let started = Instant::now();
-    let mut child = Command::new(relay_bin)
-        .args([
-            "run",
-            "--database-url",
-            &db.url,
-            "--http-addr",
-            "off",
-            "--retention",
-            "off",
-        ])
-        .args([
-            "--topic-template",
-            topic_template,
-            "--batch-size",
-            &batch.to_string(),
-        ])
-        .args(sink)
-        .env("OUTBOX_LOG", "warn")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("start {}: {e}", relay_bin.display()));
-    let drained = tokio::time::timeout(Duration::from_secs(900), setup::wait_drained(&db)).await;
-    let elapsed = started.elapsed();
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    child.wait().unwrap();
-    drained.unwrap_or_else(|_| panic!("the relay ({}) did not drain in 15 minutes", sink[1]));
-    events as f64 / elapsed.as_secs_f64()
+}
+
+impl Drain<'_> {
+    /// The relay drains `events` in `mode` (mark or delete) through `sink`: events/s from its
+    /// start to the last row settled, and the CPU it, PostgreSQL and the broker used.
+    async fn run(
+        &self,
+        sink: &[&str],
+        topic_template: &str,
+        events: usize,
+        mode: &str,
+        processes: &Processes,
+    ) -> Run {
+        let db = setup::fresh(self.db).await;
+        setup::fill(&db, events, self.aggregates).await;
+        let started = Instant::now();
+        let mut child = Command::new(self.relay_bin)
+            .args([
+                "run",
+                "--database-url",
+                &db.url,
+                "--http-addr",
+                "off",
+                "--retention",
+                "off",
+                "--mode",
+                mode,
+            ])
+            .args([
+                "--topic-template",
+                topic_template,
+                "--batch-size",
+                &self.batch.to_string(),
+            ])
+            .args(sink)
+            .env("OUTBOX_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", self.relay_bin.display()));
+        let before = processes.cpu(child.id());
+        let drained =
+            tokio::time::timeout(Duration::from_secs(900), setup::wait_drained(&db)).await;
+        let elapsed = started.elapsed();
+        let after = processes.cpu(child.id());
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        child.wait().unwrap();
+        drained.unwrap_or_else(|_| panic!("the relay ({}) did not drain in 15 minutes", sink[1]));
+        Run {
+            rate: events as f64 / elapsed.as_secs_f64(),
+            cpu: PerEvent::between(before, after, events),
+        }
+    }
 }
