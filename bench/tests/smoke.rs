@@ -50,14 +50,26 @@ fn the_benchmark_harness_runs_end_to_end() {
     );
     assert!(results["relay_binary"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
     assert!(results["pulsar"]["relay"].as_f64().unwrap() > 0.0);
-    // NATS, RabbitMQ and SQS: each raw client and the relay drained.
+    // NATS, RabbitMQ and SQS: each raw client and the relay (mark and delete mode) drained, with
+    // the CPU the publisher, PostgreSQL and the broker used (a few clock ticks in a smoke run, so
+    // only their presence is asserted: the broker's is missing when its process is not found).
     let sinks = results["sinks"].as_array().unwrap();
     assert_eq!(sinks.len(), 3, "{sinks:?}");
-    assert!(
-        sinks
-            .iter()
-            .all(|s| s["raw_client"].as_f64().unwrap() > 0.0 && s["relay"].as_f64().unwrap() > 0.0)
-    );
+    for sink in sinks {
+        for run in ["raw_client", "relay", "relay_delete", "relay_no_broker"] {
+            assert!(
+                sink[run]["per_second"].as_f64().unwrap() > 0.0,
+                "{run}: {sink}"
+            );
+            assert!(sink[run]["cores_busy"].is_f64(), "{run}: {sink}");
+        }
+        for run in ["raw_client", "relay", "relay_delete"] {
+            assert!(
+                sink[run]["broker_cpu_us_per_event"].is_f64(),
+                "{run}: the broker's CPU: {sink}"
+            );
+        }
+    }
     // Both WAL backlogs and Debezium's drained.
     let wal_drains = results["wal_drain"].as_array().unwrap();
     assert_eq!(wal_drains.len(), 3, "{wal_drains:?}");
