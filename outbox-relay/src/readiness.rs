@@ -52,9 +52,14 @@ impl State {
     async fn check(&mut self, database_url: &str, sink: &dyn Sink) -> Result<(), String> {
         let connection = &mut self.connection;
         let database = async {
-            if connection.is_none() {
-                *connection = Some(OutboxTable::connect(database_url).await?);
+            // A kept connection that fails is tried once more fresh: after a database restart
+            // the kept one is dead while the database answers again.
+            if let Some(kept) = connection.as_mut()
+                && kept.ping().await.is_ok()
+            {
+                return Ok(());
             }
+            *connection = Some(OutboxTable::connect(database_url).await?);
             connection.as_mut().expect("connected above").ping().await
         };
         let answer = tokio::time::timeout(READY_TIMEOUT, database).await;

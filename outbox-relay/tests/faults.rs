@@ -286,16 +286,11 @@ async fn ten_postgres_restarts_leave_the_relay_its_own_few_connections() {
         services("restart-postgres");
         // Back to one listener after the relay reconnected, not one more per restart.
         wait_settled(&format!("after restart {restart}")).await;
-        // Readiness probes reuse one connection: the first probe after a restart may find it
-        // dead (503) and drop it; the next opens it again. Then probes add no connections.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while common::http_get(port, "/readyz").map(|(status, _)| status) != Some(200) {
-            assert!(
-                Instant::now() < deadline,
-                "never ready after restart {restart}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // Readiness probes reuse one connection; one found dead after the restart is replaced
+        // within the probe, so with the database answering again (the relay reconnected, above)
+        // every probe says 200 once the answer from before the restart is no longer reused (1 s).
+        // Then probes add no connections.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
         for _ in 0..5 {
             let (status, body) = common::http_get(port, "/readyz").unwrap();
             assert_eq!(status, 200, "after restart {restart}: {body}");
