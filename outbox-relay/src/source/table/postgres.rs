@@ -35,7 +35,11 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET enable_seqscan = off; \
 /// or, when `$3` holds back parked aggregates, parked. It is computed first, from the rows `held`
 /// finds through the small `outbox_blocked` index: the `held` fence keeps the planner off
 /// `outbox_unpublished` there, which stale statistics made it prefer, checking every claimed row
-/// against the whole backlog (135,000 buffers and seconds per claim after a burst). `claimed` then
+/// against the whole backlog (135,000 buffers and seconds per claim after a burst). Each walked
+/// row's aggregate is looked up in `blocked` by hash (`NOT IN`, a hashed subplan): `NOT EXISTS`
+/// let the planner, which expects few blocked aggregates, compare each row with every one of
+/// them, and with 10,000 aggregates parked ahead of the free ones a claim took 9 minutes instead
+/// of 0.4 s (docs/BENCHMARKS.md, "Blocked aggregates"). `claimed` then
 /// finds the oldest rows of the shards in `$1` (a `bytea` of 32 bytes, bit *n* set for shard *n* as
 /// `get_bit` numbers them; every shard: `decode(repeat('ff', 32), 'hex')`), at most `$2`, of aggregates not
 /// blocked, skipping the rows whose `seq` is in `$6` (`int8[]`: the batch in flight, not settled
@@ -64,8 +68,7 @@ WITH held AS MATERIALIZED (
     FROM outbox o CROSS JOIN LATERAL (SELECT o.payload::text AS payload OFFSET 0) t
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND get_bit($1, o.shard) = 1
       AND o.seq NOT IN (SELECT unnest($6))
-      AND NOT EXISTS (SELECT 1 FROM blocked b
-                      WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id)
+      AND (o.aggregate_type, o.aggregate_id) NOT IN (SELECT b.aggregate_type, b.aggregate_id FROM blocked b)
     ORDER BY o.seq
     LIMIT $2
 ), sized AS (
