@@ -197,13 +197,6 @@ impl InFlight {
         self.admission
             .unanswered(self.sent.iter().map(|sent| &sent.row))
     }
-
-    /// Whether any of `rows` is of an aggregate this batch sent or refused an event of: a batch
-    /// of `rows` sent before this one is answered would hold it.
-    pub fn shares_aggregates(&self, rows: &[OutboxRow]) -> bool {
-        let waiting = self.unanswered();
-        rows.iter().any(|row| waiting.holds(row))
-    }
 }
 
 /// One sent row and the future of the broker's answer.
@@ -221,8 +214,9 @@ struct Sent {
 pub(crate) enum Before {
     /// Its answers were read before the next batch was sent.
     Answered(Answered),
-    /// Still waiting for answers when the next batch was sent, holding its aggregates.
-    Unanswered(InFlight),
+    /// Still waiting for answers when the next batch was sent; with the aggregates that batch
+    /// must hold.
+    Unanswered(InFlight, Waiting),
 }
 
 /// A batch whose answers are all in.

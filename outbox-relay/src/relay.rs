@@ -284,25 +284,29 @@ impl Relay {
             // not waited for: the new batch goes out at once holding every aggregate in flight
             // (rule 4). At a low rate a slow answer so delays only its aggregates; at full rate
             // the broker gets the next batch while it answers for this one.
-            let answer_first = in_flight.as_mut().is_some_and(|batch| {
-                batch.answered(ack_timeout) || (batch.full && batch.shares_aggregates(&claim.rows))
-            });
             let mut before = match in_flight.take() {
-                Some(batch) if !answer_first => {
-                    if claim.rows.is_empty() {
+                None => None,
+                Some(mut batch) => {
+                    if batch.answered(ack_timeout) {
+                        Some(Before::Answered(answers(&outlet, batch).await))
+                    } else if claim.rows.is_empty() {
                         // Nothing new to send: it stays in flight, its answers read in the wait.
                         in_flight = Some(batch);
                         pace.found_nothing();
                         continue;
+                    } else {
+                        let waiting = batch.unanswered();
+                        if batch.full && claim.rows.iter().any(|row| waiting.holds(row)) {
+                            Some(Before::Answered(answers(&outlet, batch).await))
+                        } else {
+                            Some(Before::Unanswered(batch, waiting))
+                        }
                     }
-                    Some(Before::Unanswered(batch))
                 }
-                Some(batch) => Some(Before::Answered(answers(&outlet, batch).await)),
-                None => None,
             };
             let waiting = match &mut before {
                 Some(Before::Answered(answered)) => std::mem::take(&mut answered.waiting),
-                Some(Before::Unanswered(batch)) => batch.unanswered(),
+                Some(Before::Unanswered(_, waiting)) => std::mem::take(waiting),
                 None => Waiting::default(),
             };
 
@@ -313,7 +317,7 @@ impl Relay {
             if let Some(before) = before {
                 let answered = match before {
                     Before::Answered(answered) => answered,
-                    Before::Unanswered(batch) => answers(&outlet, batch).await,
+                    Before::Unanswered(batch, _) => answers(&outlet, batch).await,
                 };
                 self.settle(&mut source, answered, &mut pace).await?;
             }
