@@ -27,6 +27,14 @@ async fn buffers(f: &Fixture, claim: &str, batch: usize) -> i64 {
     top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
 }
 
+/// The line after the claim's scan of `outbox_unpublished` in an `EXPLAIN`: its filter.
+fn unpublished_scan_filter(plan: &str) -> &str {
+    plan.lines()
+        .skip_while(|line| !line.contains("Index Scan using outbox_unpublished"))
+        .nth(1)
+        .unwrap_or_default()
+}
+
 #[tokio::test]
 async fn a_claim_after_a_burst_costs_one_batch_not_the_backlog() {
     let f = Fixture::new().await;
@@ -114,11 +122,7 @@ async fn the_claim_skips_the_batch_in_flight_by_hash_lookup() {
     let execute = format!("EXECUTE claim{}", common::claim_args(1000, &in_flight));
     let plan = common::explain_in(&txn, &execute).await;
     txn.rollback().await.unwrap();
-    let scan = plan
-        .lines()
-        .skip_while(|line| !line.contains("Index Scan using outbox_unpublished"))
-        .nth(1)
-        .unwrap_or_default();
+    let scan = unpublished_scan_filter(&plan);
     assert!(
         scan.contains("Filter:") && scan.contains("hashed SubPlan"),
         "the skip is a hash lookup on the scan of outbox_unpublished:\n{plan}"
@@ -166,11 +170,7 @@ async fn the_claim_looks_up_blocked_aggregates_by_hash_not_one_by_one() {
         claimed.iter().all(|id| id.starts_with("free-")),
         "only free aggregates are claimed: {claimed:?}"
     );
-    let scan = plan
-        .lines()
-        .skip_while(|line| !line.contains("Index Scan using outbox_unpublished"))
-        .nth(1)
-        .unwrap_or_default();
+    let scan = unpublished_scan_filter(&plan);
     assert!(
         scan.contains("Filter:") && scan.matches("hashed SubPlan").count() == 2,
         "the batch in flight and the blocked aggregates are hash lookups on the scan of \
