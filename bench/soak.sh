@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The soak (docs/BENCHMARKS.md, "Soak"): the application's transactions at RATE events/s for
+# BASELINE minutes with no relay, then MINUTES more with the `outbox-relay` binary publishing them
+# to Kafka in mark mode with a short RETENTION (pruned every minute), sampled once a minute: the
+# table's and its indexes' size, dead tuples, autovacuum runs, one claim's time and buffers, the
+# relay's commit-to-ack and batch histograms, its CPU and memory, and the application's own
+# transaction latency. `bench/soak_report.py OUT` tables the samples and draws the plot.
+#
+# The application is pgbench: each transaction changes a row of `soak_orders` and records one
+# event with `record`'s own statement (read from outbox-core/src/record.rs), prepared, as sqlx
+# prepares it.
+#
+#   scripts/services start postgres kafka > /tmp/svc.env && source /tmp/svc.env
+#   cargo build --release -p seaorm-outbox-relay
+#   RATE=1000 MINUTES=30 bench/soak.sh && bench/soak_report.py /tmp/soak
+set -euo pipefail
+: "${DATABASE_URL:?the PostgreSQL to soak, as scripts/services prints it}"
+: "${KAFKA_BROKERS:?the Kafka to publish to}"
+RATE=${RATE:-1000} MINUTES=${MINUTES:-30} BASELINE=${BASELINE:-3} RETENTION=${RETENTION:-5m}
+OUT=${OUT:-/tmp/soak} HTTP=${HTTP:-127.0.0.1:9287}
+STEP=${STEP:-60} # seconds per sample: a shorter STEP makes a quick trial of the script
+root="$(cd "$(dirname "$0")/.." && pwd)"
+RELAY=${RELAY:-${CARGO_TARGET_DIR:-$HOME/.cache/outbox/target}/release/outbox-relay}
+BIN="$(pg_config --bindir)"
+URL="${DATABASE_URL%/*}/soak"
+rm -rf "$OUT" && mkdir -p "$OUT"
+
+# The relay's and `record`'s SQL, read from their source, never copied.
+rust_str() { # FILE NAME: the string constant NAME of FILE, plain or raw
+  python3 - "$1" "$2" <<'PY'
+import re, sys
+s = open(sys.argv[1]).read()
+m = re.search(r'const %s: &str = (r#)?"' % sys.argv[2], s)
+end = s.index('"#;' if m.group(1) else '";', m.end())
+print(re.sub(r'\\\n\s*', '', s[m.end():end]).strip())
+PY
+}
+SESSION=$(rust_str "$root/outbox-relay/src/source/table/postgres.rs" PG_SESSION)
+CLAIM=$(rust_str "$root/outbox-relay/src/source/table/postgres.rs" PG_CLAIM)
+INSERT=$(rust_str "$root/outbox-core/src/record.rs" POSTGRES_INSERT)
+EVENT="jsonb_build_array(jsonb_build_object('id', gen_random_uuid(), 'aggregate_type', 'order',
+  'aggregate_id', 'o-' || :agg::text, 'event_type', 'OrderChanged', 'event_version', 1, 'topic', NULL,
+  'payload', jsonb_build_object('order_id', 'o-' || :agg::text, 'total', :total::bigint, 'note', repeat('x', 120)),
+  'headers', NULL))::text"
+{
+  echo '\set agg random(1, 1000)'
+  echo '\set total random(1, 100000)'
+  echo 'BEGIN;'
+  echo 'UPDATE soak_orders SET total = :total WHERE id = :agg;'
+  echo "${INSERT//\$1/$EVENT};" | tr '\n' ' '
+  echo
+  echo 'COMMIT;'
+} > "$OUT/application.sql"
+
+"$BIN/psql" "$DATABASE_URL" -qc "drop database if exists soak" -c "create database soak"
+"$RELAY" migrate --database-url "$URL" > /dev/null
+"$BIN/psql" "$URL" -q -c "CREATE TABLE soak_orders (id int PRIMARY KEY, total bigint)" \
+  -c "INSERT INTO soak_orders SELECT g, 0 FROM generate_series(1, 1000) g"
+
+total=$((BASELINE + MINUTES))
+echo "soak: $RATE events/s, $BASELINE min without the relay, then $MINUTES with it (retention $RETENTION); samples in $OUT" >&2
+(cd "$OUT" && "$BIN/pgbench" -n -M prepared -c 4 -j 2 -R "$RATE" -T $((total * STEP)) -l \
+  --log-prefix=application -f application.sql "$URL" > pgbench.out 2>&1) &
+application=$!
+relay=
+trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; kill "$application" 2> /dev/null || true' EXIT
+
+sample() { # MINUTE
+  local t; t=$(date +%s)
+  local table
+  table=$("$BIN/psql" "$URL" -At -F, -c "SELECT n_live_tup, n_dead_tup, pg_table_size('outbox'),
+      pg_indexes_size('outbox'), autovacuum_count, autoanalyze_count,
+      (SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)
+    FROM pg_stat_user_tables WHERE relname = 'outbox'")
+  local claim
+  claim=$("$BIN/psql" "$URL" -At <<SQL | python3 -c 'import sys,json; t=sys.stdin.read(); j=json.loads(t[t.index("["):]); p=j[0]["Plan"]; print("%.2f,%d" % (j[0]["Execution Time"], p["Shared Hit Blocks"]+p["Shared Read Blocks"]))'
+$SESSION;
+PREPARE claim(bytea, int8, bool, int8, int8, int8[]) AS $CLAIM;
+EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(decode(repeat('ff', 32), 'hex'), 500, true, 1048576, 16777216, '{}');
+SQL
+)
+  local cpu=0 rss=0
+  if [ -n "$relay" ] && [ -r "/proc/$relay/stat" ]; then
+    cpu=$(awk '{print $14 + $15}' "/proc/$relay/stat")
+    rss=$(awk '/VmRSS/ {print $2}' "/proc/$relay/status")
+    curl -sf "http://$HTTP/metrics" > "$OUT/metrics.$1.txt" || true
+  fi
+  echo "$1,$t,$table,$claim,$cpu,$rss" >> "$OUT/samples.csv"
+}
+
+echo "minute,epoch,live,dead,table_bytes,index_bytes,autovacuums,autoanalyzes,backlog,claim_ms,claim_buffers,relay_cpu_ticks,relay_rss_kb" > "$OUT/samples.csv"
+start=$(date +%s)
+for minute in $(seq 0 "$total"); do
+  if [ "$minute" = "$BASELINE" ]; then
+    OUTBOX_LOG=warn "$RELAY" run --database-url "$URL" --kafka-brokers "$KAFKA_BROKERS" \
+      --mode mark --retention "$RETENTION" --prune-interval 1m --http-addr "$HTTP" \
+      2> "$OUT/relay.log" &
+    relay=$!
+    echo "$(date +%s)" > "$OUT/relay_started"
+  fi
+  sample "$minute"
+  echo "minute $minute: $(tail -1 "$OUT/samples.csv")" >&2
+  [ "$minute" = "$total" ] && break
+  kill -0 "$application" 2> /dev/null || { cat "$OUT/pgbench.out" >&2; exit 1; }
+  left=$((start + (minute + 1) * STEP - $(date +%s)))
+  [ "$left" -gt 0 ] && sleep "$left"
+done
+kill "$relay" && wait "$relay" || true
+relay=
+wait "$application" || { cat "$OUT/pgbench.out" >&2; exit 1; }
+grep -E "^(number of transactions|latency|tps)" "$OUT/pgbench.out" >&2 || cat "$OUT/pgbench.out" >&2
