@@ -221,15 +221,15 @@ impl OutboxTable {
             }
             OutboxTable::MySql(conn) => {
                 let (rows, full) = read::read_rows(
-                    sqlx::query(mysql::MYSQL_CLAIM)
-                        .bind(hold_parked)
-                        .bind(shard_mask(shards))
-                        .bind(serde_json::to_string(in_flight).unwrap_or_default())
-                        .bind(rows)
-                        .bind(payload_bytes)
-                        .bind(payload_bytes)
-                        .bind(batch_bytes)
-                        .fetch(&mut *conn),
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(mysql::claim_statement(
+                        hold_parked,
+                        &shard_mask(shards),
+                        rows,
+                        payload_bytes,
+                        batch_bytes,
+                        in_flight,
+                    )))
+                    .fetch(&mut *conn),
                     limits,
                 )
                 .await?;
