@@ -417,29 +417,39 @@ async fn the_claim_reads_indexes_not_the_table() {
     assert_the_claim_reads_indexes(&m).await;
 }
 
+/// `how` (`EXPLAIN`, `ANALYZE FORMAT=JSON`) of the claim `claim` with its parameters bound:
+/// parked rows held, every shard, batches of 500 within a payload and a batch byte budget.
+async fn explain_claim(
+    conn: &mut sqlx::MySqlConnection,
+    how: &str,
+    claim: &str,
+) -> Vec<sqlx::mysql::MySqlRow> {
+    let explain = format!("{how} {claim}");
+    sqlx::query(sqlx::AssertSqlSafe(explain))
+        .bind(true)
+        .bind(vec![0xffu8; 32])
+        .bind(500_i64)
+        .bind(1_000_000_i64)
+        .bind(1_000_000_i64)
+        .bind(4_000_000_i64)
+        .fetch_all(conn)
+        .await
+        .unwrap()
+}
+
 /// The claim's `EXPLAIN` on `m`: indexes only, as [`the_claim_reads_indexes_not_the_table`] says.
 async fn assert_the_claim_reads_indexes(m: &MariaDb) {
     let mut conn = <sqlx::MySqlConnection as sqlx::Connection>::connect(&m.url)
         .await
         .unwrap();
-    let explain = format!("EXPLAIN {}", seaorm_outbox_relay::MYSQL_CLAIM_SQL);
-    let plan: Vec<(Option<String>, Option<String>, Option<String>)> =
-        sqlx::query(sqlx::AssertSqlSafe(explain.as_str()))
-            .bind(true)
-            .bind(vec![0xffu8; 32])
-            .bind(500_i64)
-            .bind(1_000_000_i64)
-            .bind(1_000_000_i64)
-            .bind(4_000_000_i64)
-            .fetch_all(&mut conn)
+    let plan: Vec<(Option<String>, Option<String>, Option<String>)> = {
+        use sqlx::Row;
+        explain_claim(&mut conn, "EXPLAIN", seaorm_outbox_relay::MYSQL_CLAIM_SQL)
             .await
-            .map(|rows: Vec<sqlx::mysql::MySqlRow>| {
-                use sqlx::Row;
-                rows.iter()
-                    .map(|r| (r.get("table"), r.get("type"), r.get("key")))
-                    .collect()
-            })
-            .unwrap();
+            .iter()
+            .map(|r| (r.get("table"), r.get("type"), r.get("key")))
+            .collect()
+    };
     let step = |table: &str| -> Vec<(Option<String>, Option<String>)> {
         plan.iter()
             .filter(|(t, _, _)| t.as_deref() == Some(table))
@@ -489,17 +499,10 @@ async fn the_claim_skips_the_rows_in_flight_in_the_index() {
         &format!("o.seq NOT IN (0,{})", in_flight.join(",")),
         1,
     );
-    let analyze = format!("ANALYZE FORMAT=JSON {claim}");
-    let plan: String = sqlx::query_scalar(sqlx::AssertSqlSafe(analyze.as_str()))
-        .bind(true)
-        .bind(vec![0xffu8; 32])
-        .bind(500_i64)
-        .bind(1_000_000_i64)
-        .bind(1_000_000_i64)
-        .bind(4_000_000_i64)
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
+    let plan: String = {
+        use sqlx::Row;
+        explain_claim(&mut conn, "ANALYZE FORMAT=JSON", &claim).await[0].get(0)
+    };
     // MariaDB writes the bound shard mask into the plan's conditions as `\?` per byte: not JSON.
     let plan = plan.replace("\\?", "?");
     let plan: serde_json::Value = serde_json::from_str(&plan).unwrap();

@@ -90,10 +90,11 @@ pub(super) fn claim_statement(
     batch_bytes: i64,
     in_flight: &[i64],
 ) -> String {
-    let mask: String = shard_mask
-        .iter()
-        .map(|byte| format!("{byte:02X}"))
-        .collect();
+    use std::fmt::Write;
+    let mut mask = String::with_capacity(2 * shard_mask.len());
+    for byte in shard_mask {
+        let _ = write!(mask, "{byte:02X}");
+    }
     let values = [
         hold_parked.to_string().to_uppercase(),
         format!("X'{mask}'"),
@@ -108,10 +109,10 @@ pub(super) fn claim_statement(
         claim.push_str(value);
         claim.push_str(part);
     }
-    let mut list = String::from("o.seq NOT IN (0");
+    let mut list = String::with_capacity(16 + 8 * in_flight.len());
+    list.push_str("o.seq NOT IN (0");
     for seq in in_flight {
-        list.push(',');
-        list.push_str(&seq.to_string());
+        let _ = write!(list, ",{seq}");
     }
     list.push(')');
     claim.replacen(IN_FLIGHT_NONE, &list, 1)
