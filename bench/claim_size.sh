@@ -10,17 +10,8 @@ set -euo pipefail
 : "${DATABASE_URL:?the PostgreSQL to measure on, as scripts/services prints it}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 PSQL="$(pg_config --bindir)/psql"
-# The relay's own SQL, read from its source: `const_sql NAME` prints the string constant NAME.
-const_sql() {
-  python3 - "$root/outbox-relay/src/source/table/postgres.rs" "$1" <<'PY'
-import re, sys
-s = open(sys.argv[1]).read()
-start = s.index('pub const %s: &str = "' % sys.argv[2]) + len('pub const %s: &str = "' % sys.argv[2])
-print(re.sub(r'\\\n\s*', '', s[start:s.index('";', start)]))
-PY
-}
-SESSION=$(const_sql PG_SESSION)
-CLAIM=$(const_sql PG_CLAIM)
+# The relay's claim, read from its source.
+source "$root/bench/relay_sql.sh"
 for N in "$@"; do
   U="${DATABASE_URL%/*}/size_$N"
   $PSQL "$DATABASE_URL" -qc "drop database if exists size_$N" -c "create database size_$N"
@@ -40,11 +31,8 @@ for N in "$@"; do
   fi
   size=$($PSQL $U -At -c "select pg_size_pretty(pg_total_relation_size('outbox'))")
   for _ in 1 2 3 4 5; do
-    $PSQL $U -At <<SQL | python3 -c 'import sys,json; t=sys.stdin.read(); j=json.loads(t[t.index("["):]); p=j[0]["Plan"]; print("ms=%.2f rows=%d buffers=%d" % (j[0]["Execution Time"], p["Actual Rows"], p["Shared Hit Blocks"]+p["Shared Read Blocks"]))'
-$SESSION;
-PREPARE claim(bytea, int8, bool, int8, int8, int8[]) AS $CLAIM;
-EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(decode(repeat('ff', 32), 'hex'), 500, true, 1048576, 8388608, '{}');
-SQL
+    read -r ms rows buffers <<< "$(claim_plan "$U")"
+    echo "ms=$ms rows=$rows buffers=$buffers"
   done | sed "s/^/${MARKED:+marked }N=$N size=$size /"
   $PSQL "$DATABASE_URL" -qc "drop database size_$N"
 done

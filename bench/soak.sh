@@ -26,17 +26,7 @@ URL="${DATABASE_URL%/*}/soak"
 rm -rf "$OUT" && mkdir -p "$OUT"
 
 # The relay's and `record`'s SQL, read from their source, never copied.
-rust_str() { # FILE NAME: the string constant NAME of FILE, plain or raw
-  python3 - "$1" "$2" <<'PY'
-import re, sys
-s = open(sys.argv[1]).read()
-m = re.search(r'const %s: &str = (r#)?"' % sys.argv[2], s)
-end = s.index('"#;' if m.group(1) else '";', m.end())
-print(re.sub(r'\\\n\s*', '', s[m.end():end]).strip())
-PY
-}
-SESSION=$(rust_str "$root/outbox-relay/src/source/table/postgres.rs" PG_SESSION)
-CLAIM=$(rust_str "$root/outbox-relay/src/source/table/postgres.rs" PG_CLAIM)
+source "$root/bench/relay_sql.sh"
 INSERT=$(rust_str "$root/outbox-core/src/record.rs" POSTGRES_INSERT)
 EVENT="jsonb_build_array(jsonb_build_object('id', gen_random_uuid(), 'aggregate_type', 'order',
   'aggregate_id', 'o-' || :agg::text, 'event_type', 'OrderChanged', 'event_version', 1, 'topic', NULL,
@@ -72,20 +62,15 @@ sample() { # MINUTE
       pg_indexes_size('outbox'), autovacuum_count, autoanalyze_count,
       (SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)
     FROM pg_stat_user_tables WHERE relname = 'outbox'")
-  local claim
-  claim=$("$BIN/psql" "$URL" -At <<SQL | python3 -c 'import sys,json; t=sys.stdin.read(); j=json.loads(t[t.index("["):]); p=j[0]["Plan"]; print("%.2f,%d" % (j[0]["Execution Time"], p["Shared Hit Blocks"]+p["Shared Read Blocks"]))'
-$SESSION;
-PREPARE claim(bytea, int8, bool, int8, int8, int8[]) AS $CLAIM;
-EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(decode(repeat('ff', 32), 'hex'), 500, true, 1048576, 16777216, '{}');
-SQL
-)
+  local ms buffers
+  read -r ms _ buffers <<< "$(claim_plan "$URL")"
   local cpu=0 rss=0
   if [ -n "$relay" ] && [ -r "/proc/$relay/stat" ]; then
     cpu=$(awk '{print $14 + $15}' "/proc/$relay/stat")
     rss=$(awk '/VmRSS/ {print $2}' "/proc/$relay/status")
     curl -sf "http://$HTTP/metrics" > "$OUT/metrics.$1.txt" || true
   fi
-  echo "$1,$t,$table,$claim,$cpu,$rss" >> "$OUT/samples.csv"
+  echo "$1,$t,$table,$ms,$buffers,$cpu,$rss" >> "$OUT/samples.csv"
 }
 
 echo "minute,epoch,live,dead,table_bytes,index_bytes,autovacuums,autoanalyzes,backlog,claim_ms,claim_buffers,relay_cpu_ticks,relay_rss_kb" > "$OUT/samples.csv"
