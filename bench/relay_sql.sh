@@ -25,3 +25,23 @@ PREPARE claim(bytea, int8, bool, int8, int8, int8[]) AS $claim;
 EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(decode(repeat('ff', 32), 'hex'), 500, true, 1048576, 16777216, '{}');
 SQL
 }
+
+# application_sql: the benchmarks' application, a pgbench script: each transaction changes a row
+# of `soak_orders` (ids 1-1000) and records one event of that order with `record`'s own
+# statement (read from outbox-core/src/record.rs), prepared as sqlx prepares it, about 200-byte
+# payloads.
+application_sql() {
+  local insert event
+  insert=$(rust_str "$root/outbox-core/src/record.rs" POSTGRES_INSERT)
+  event="jsonb_build_array(jsonb_build_object('id', gen_random_uuid(), 'aggregate_type', 'order',
+  'aggregate_id', 'o-' || :agg::text, 'event_type', 'OrderChanged', 'event_version', 1, 'topic', NULL,
+  'payload', jsonb_build_object('order_id', 'o-' || :agg::text, 'total', :total::bigint, 'note', repeat('x', 120)),
+  'headers', NULL))::text"
+  echo '\set agg random(1, 1000)'
+  echo '\set total random(1, 100000)'
+  echo 'BEGIN;'
+  echo 'UPDATE soak_orders SET total = :total WHERE id = :agg;'
+  echo "${insert//\$1/$event};" | tr '\n' ' '
+  echo
+  echo 'COMMIT;'
+}

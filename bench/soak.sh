@@ -6,9 +6,7 @@
 # relay's commit-to-ack and batch histograms, its CPU and memory, and the application's own
 # transaction latency. `bench/soak_report.py OUT` tables the samples and draws the plot.
 #
-# The application is pgbench: each transaction changes a row of `soak_orders` and records one
-# event with `record`'s own statement (read from outbox-core/src/record.rs), prepared, as sqlx
-# prepares it.
+# The application is pgbench running `application_sql` (bench/relay_sql.sh).
 #
 #   scripts/services start postgres kafka > /tmp/svc.env && source /tmp/svc.env
 #   cargo build --release -p seaorm-outbox-relay
@@ -27,20 +25,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 
 # The relay's and `record`'s SQL, read from their source, never copied.
 source "$root/bench/relay_sql.sh"
-INSERT=$(rust_str "$root/outbox-core/src/record.rs" POSTGRES_INSERT)
-EVENT="jsonb_build_array(jsonb_build_object('id', gen_random_uuid(), 'aggregate_type', 'order',
-  'aggregate_id', 'o-' || :agg::text, 'event_type', 'OrderChanged', 'event_version', 1, 'topic', NULL,
-  'payload', jsonb_build_object('order_id', 'o-' || :agg::text, 'total', :total::bigint, 'note', repeat('x', 120)),
-  'headers', NULL))::text"
-{
-  echo '\set agg random(1, 1000)'
-  echo '\set total random(1, 100000)'
-  echo 'BEGIN;'
-  echo 'UPDATE soak_orders SET total = :total WHERE id = :agg;'
-  echo "${INSERT//\$1/$EVENT};" | tr '\n' ' '
-  echo
-  echo 'COMMIT;'
-} > "$OUT/application.sql"
+application_sql > "$OUT/application.sql"
 
 "$BIN/psql" "$DATABASE_URL" -qc "drop database if exists soak" -c "create database soak"
 "$RELAY" migrate --database-url "$URL" > /dev/null
