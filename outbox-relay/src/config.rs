@@ -46,10 +46,15 @@ pub struct RelayConfig {
     /// [`seaorm_outbox::DEFAULT_MAX_PAYLOAD_BYTES`]; raise both with the broker's
     /// `message.max.bytes`.
     pub max_payload_bytes: usize,
-    /// The longest wait between polls while there is nothing to publish. Polling is adaptive: 1 ms
-    /// after a batch that found work, doubling while batches come back empty, up to this.
-    /// Default 100 ms.
+    /// The longest wait between polls while there is nothing to publish. Polling is adaptive:
+    /// [`min_poll_interval`](Self::min_poll_interval) after a batch that found work, doubling
+    /// while batches come back empty, up to this. Default 100 ms.
     pub poll_interval: Duration,
+    /// The wait after a batch that found work but did not fill (a full batch loops at once): the
+    /// longer, the more events each batch carries at a steady rate, and the less the relay costs
+    /// the database it shares with the application per event, for that much more latency.
+    /// Default 1 ms.
+    pub min_poll_interval: Duration,
     /// Mark rows published, or delete them. Default [`Mode::Mark`].
     pub mode: Mode,
     /// The topic of events with neither a row topic nor a registered one; `{aggregate_type}` is
@@ -126,6 +131,7 @@ impl RelayConfig {
             max_batch_bytes: 16 << 20,
             max_payload_bytes: seaorm_outbox::DEFAULT_MAX_PAYLOAD_BYTES,
             poll_interval: Duration::from_millis(100),
+            min_poll_interval: Duration::from_millis(1),
             mode: Mode::Mark,
             topic_template: DEFAULT_TOPIC_TEMPLATE.to_owned(),
             strict: false,
@@ -153,6 +159,7 @@ impl std::fmt::Debug for RelayConfig {
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("max_payload_bytes", &self.max_payload_bytes)
             .field("poll_interval", &self.poll_interval)
+            .field("min_poll_interval", &self.min_poll_interval)
             .field("mode", &self.mode)
             .field("topic_template", &self.topic_template)
             .field("strict", &self.strict)

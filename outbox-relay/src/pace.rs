@@ -9,6 +9,7 @@ use tokio::time::Instant;
 /// while there is little to do, after a backoff when nothing went through.
 pub(crate) struct Pace {
     max_backoff: Duration,
+    min_poll_interval: Duration,
     poll_interval: Duration,
     wakeup: Wakeup,
     publish_backoff: Box<dyn Iterator<Item = Duration> + Send>,
@@ -32,6 +33,7 @@ impl Pace {
     pub fn new(config: &RelayConfig) -> Self {
         let mut pace = Pace {
             max_backoff: config.max_backoff,
+            min_poll_interval: config.min_poll_interval,
             poll_interval: config.poll_interval,
             wakeup: config.wakeup,
             publish_backoff: Box::new(backoff(config.max_backoff)),
@@ -108,16 +110,57 @@ impl Pace {
         self.next_claim = Some((Instant::now() + delay, Pause::Idle));
     }
 
-    /// The waits between polls that find nothing: 1 ms, doubling up to the poll interval. With
-    /// NOTIFY, notifications are the fast path and polling only the fallback: always the interval.
+    /// The waits between polls that find nothing: the minimum poll interval, doubling up to the
+    /// poll interval. With NOTIFY, notifications are the fast path and polling only the
+    /// fallback: always the interval.
     fn idle_waits(&self) -> Box<dyn Iterator<Item = Duration> + Send> {
         let max = self.poll_interval;
         let first = match self.wakeup {
-            Wakeup::Poll => Duration::from_millis(1).min(max),
+            Wakeup::Poll => self.min_poll_interval.min(max),
             Wakeup::Notify => max,
         };
         Box::new(std::iter::successors(Some(first), move |d| {
             Some((*d * 2).min(max))
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The wait `step` sets, from just before it ran.
+    fn wait_set_by(pace: &mut Pace, step: impl FnOnce(&mut Pace)) -> Duration {
+        let before = Instant::now();
+        step(pace);
+        let (until, _) = pace.wait().expect("a wait");
+        until - before
+    }
+
+    #[tokio::test]
+    async fn after_work_the_minimum_poll_interval_then_doubling_up_to_the_poll_interval() {
+        let mut config = RelayConfig::new("postgres://db/shop");
+        config.min_poll_interval = Duration::from_millis(5);
+        config.poll_interval = Duration::from_millis(30);
+        let mut pace = Pace::new(&config);
+        assert!(pace.go_on(), "the first claim goes at once");
+        pace.published(true);
+        assert!(pace.go_on(), "a full batch loops at once");
+
+        let mut waits = vec![wait_set_by(&mut pace, |p| p.published(false))];
+        for _ in 0..3 {
+            let (until, _) = pace.wait().expect("a wait");
+            tokio::time::sleep_until(until).await;
+            assert!(pace.wait().is_none(), "the wait is over");
+            waits.push(wait_set_by(&mut pace, Pace::found_nothing));
+        }
+        // Each at least what it should be, and short of the next (a stalled thread adds to it).
+        for (wait, ms) in waits.iter().zip([5, 10, 20, 30]) {
+            let expected = Duration::from_millis(ms);
+            assert!(
+                *wait >= expected && *wait < expected + Duration::from_millis(4),
+                "{waits:?}"
+            );
+        }
     }
 }

@@ -124,6 +124,19 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
         ],
         "at least 1",
     );
+    // A zero wait would claim in a busy loop while the outbox is idle.
+    usage_error(
+        &[
+            "run",
+            "--database-url",
+            "postgres://db/shop",
+            "--min-poll-interval",
+            "0s",
+            "--sink",
+            "stdout",
+        ],
+        "min poll interval must be above zero",
+    );
     clap_error(
         &[
             "run",

@@ -28,6 +28,7 @@ pub(super) fn run_defaults() -> Vec<(&'static str, String)> {
         ("max_batch_bytes", config.max_batch_bytes.to_string()),
         ("max_payload_bytes", config.max_payload_bytes.to_string()),
         ("poll_interval", wait(config.poll_interval)),
+        ("min_poll_interval", wait(config.min_poll_interval)),
         ("mode", name(config.mode)),
         ("topic_template", config.topic_template),
         ("format", name(FormatKind::default())),
