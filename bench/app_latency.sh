@@ -31,15 +31,10 @@ OUT=${OUT:-/tmp/app_latency} HTTP=${HTTP:-127.0.0.1:9288}
 root="$(cd "$(dirname "$0")/.." && pwd)"
 RELAY=${RELAY:-${CARGO_TARGET_DIR:-$HOME/.cache/outbox/target}/release/outbox-relay}
 BIN="$(pg_config --bindir)"
-URL="${DATABASE_URL%/*}/app_latency"
 rm -rf "$OUT" && mkdir -p "$OUT"
 
 source "$root/bench/relay_sql.sh"
-application_sql > "$OUT/application.sql"
-"$BIN/psql" "$DATABASE_URL" -qc "drop database if exists app_latency" -c "create database app_latency"
-"$RELAY" migrate --database-url "$URL" > /dev/null
-"$BIN/psql" "$URL" -q -c "CREATE TABLE soak_orders (id int PRIMARY KEY, total bigint)" \
-  -c "INSERT INTO soak_orders SELECT g, 0 FROM generate_series(1, 1000) g"
+URL=$(application_database app_latency "$OUT")
 
 read -ra conditions <<< "$CONDITIONS"
 seconds=$((${#conditions[@]} * ROUNDS * BLOCK * 60))

@@ -12,12 +12,7 @@ import glob
 import os
 import sys
 
-
-def percentile(values, q):
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
+from soak_report import percentile  # the soak's report, beside this one
 
 
 def main():

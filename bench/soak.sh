@@ -20,17 +20,11 @@ STEP=${STEP:-60} # seconds per sample: a shorter STEP makes a quick trial of the
 root="$(cd "$(dirname "$0")/.." && pwd)"
 RELAY=${RELAY:-${CARGO_TARGET_DIR:-$HOME/.cache/outbox/target}/release/outbox-relay}
 BIN="$(pg_config --bindir)"
-URL="${DATABASE_URL%/*}/soak"
 rm -rf "$OUT" && mkdir -p "$OUT"
 
 # The relay's and `record`'s SQL, read from their source, never copied.
 source "$root/bench/relay_sql.sh"
-application_sql > "$OUT/application.sql"
-
-"$BIN/psql" "$DATABASE_URL" -qc "drop database if exists soak" -c "create database soak"
-"$RELAY" migrate --database-url "$URL" > /dev/null
-"$BIN/psql" "$URL" -q -c "CREATE TABLE soak_orders (id int PRIMARY KEY, total bigint)" \
-  -c "INSERT INTO soak_orders SELECT g, 0 FROM generate_series(1, 1000) g"
+URL=$(application_database soak "$OUT")
 
 total=$((BASELINE + MINUTES))
 echo "soak: $RATE events/s, $BASELINE min without the relay, then $MINUTES with it (retention $RETENTION); samples in $OUT" >&2
