@@ -23,8 +23,8 @@
 set -euo pipefail
 : "${DATABASE_URL:?the PostgreSQL to measure on, as scripts/services prints it}"
 : "${KAFKA_BROKERS:?the Kafka to publish to}"
-: "${OUTBOX_PG_DATA:?PostgreSQL's data directory, as scripts/services prints it}"
-: "${OUTBOX_KAFKA_PID:?the Kafka broker's process, as scripts/services prints it}"
+: "${OUTBOX_PG_DATA:?the PostgreSQL data directory, as scripts/services prints it}"
+: "${OUTBOX_KAFKA_PID:?the Kafka broker process, as scripts/services prints it}"
 RATE=${RATE:-1000} BLOCK=${BLOCK:-3} ROUNDS=${ROUNDS:-2} SKIP=${SKIP:-60}
 CONDITIONS=${CONDITIONS:-alone mark mark-async delete}
 OUT=${OUT:-/tmp/app_latency} HTTP=${HTTP:-127.0.0.1:9288}

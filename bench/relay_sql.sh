@@ -32,7 +32,9 @@ SQL
 # payloads.
 application_sql() {
   local insert event
-  insert=$(rust_str "$root/outbox-core/src/record.rs" POSTGRES_INSERT)
+  insert=$(rust_str "$root/outbox-core/src/record.rs" POSTGRES_INSERT) || return
+  # A script without the insert would run the application with no events and measure nothing.
+  [ -n "$insert" ] || { echo "application_sql: no POSTGRES_INSERT in outbox-core/src/record.rs" >&2; return 1; }
   event="jsonb_build_array(jsonb_build_object('id', gen_random_uuid(), 'aggregate_type', 'order',
   'aggregate_id', 'o-' || :agg::text, 'event_type', 'OrderChanged', 'event_version', 1, 'topic', NULL,
   'payload', jsonb_build_object('order_id', 'o-' || :agg::text, 'total', :total::bigint, 'note', repeat('x', 120)),
