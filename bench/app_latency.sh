@@ -39,9 +39,7 @@ URL=$(application_database app_latency "$OUT")
 read -ra conditions <<< "$CONDITIONS"
 seconds=$((${#conditions[@]} * ROUNDS * BLOCK * 60))
 echo "app_latency: $RATE events/s for $((seconds / 60)) min, blocks of $BLOCK min: $CONDITIONS ($ROUNDS rounds); in $OUT" >&2
-(cd "$OUT" && "$BIN/pgbench" -n -M prepared -c 4 -j 2 -R "$RATE" -T "$seconds" -l \
-  --log-prefix=application -f application.sql "$URL" > pgbench.out 2>&1) &
-application=$!
+start_application "$URL" "$seconds" "$OUT" -l --log-prefix=application
 relay=
 trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; kill "$application" 2> /dev/null || true' EXIT
 

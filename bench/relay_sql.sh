@@ -32,9 +32,8 @@ SQL
 # payloads.
 application_sql() {
   local insert event
+  # Without the insert the application would record nothing: stop there.
   insert=$(rust_str "$root/outbox-core/src/record.rs" POSTGRES_INSERT) || return
-  # A script without the insert would run the application with no events and measure nothing.
-  [ -n "$insert" ] || { echo "application_sql: no POSTGRES_INSERT in outbox-core/src/record.rs" >&2; return 1; }
   event="jsonb_build_array(jsonb_build_object('id', gen_random_uuid(), 'aggregate_type', 'order',
   'aggregate_id', 'o-' || :agg::text, 'event_type', 'OrderChanged', 'event_version', 1, 'topic', NULL,
   'payload', jsonb_build_object('order_id', 'o-' || :agg::text, 'total', :total::bigint, 'note', repeat('x', 120)),
@@ -61,4 +60,15 @@ application_database() {
   "$bin/psql" "$url" -q -c "CREATE TABLE soak_orders (id int PRIMARY KEY, total bigint)" \
     -c "INSERT INTO soak_orders SELECT g, 0 FROM generate_series(1, 1000) g" || return
   echo "$url"
+}
+
+# start_application URL SECONDS OUT [PGBENCH_OPTION...]: runs the application (OUT/application.sql,
+# 4 clients, prepared statements as sqlx prepares them) at RATE transactions/s for SECONDS, in the
+# background; its process in `application`, its output in OUT/pgbench.out.
+start_application() {
+  local url=$1 seconds=$2 out=$3
+  shift 3
+  (cd "$out" && "$(pg_config --bindir)/pgbench" -n -M prepared -c 4 -j 2 -R "$RATE" -T "$seconds" \
+    "$@" -f application.sql "$url" > pgbench.out 2>&1) &
+  application=$!
 }

@@ -28,9 +28,7 @@ URL=$(application_database soak "$OUT")
 
 total=$((BASELINE + MINUTES))
 echo "soak: $RATE events/s, $BASELINE min without the relay, then $MINUTES with it (retention $RETENTION); samples in $OUT" >&2
-(cd "$OUT" && "$BIN/pgbench" -n -M prepared -c 4 -j 2 -R "$RATE" -T $((total * STEP)) -l \
-  --log-prefix=application -f application.sql "$URL" > pgbench.out 2>&1) &
-application=$!
+start_application "$URL" $((total * STEP)) "$OUT" -l --log-prefix=application
 relay=
 trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; kill "$application" 2> /dev/null || true' EXIT
 

@@ -30,9 +30,7 @@ fi
 source "$root/bench/relay_sql.sh"
 URL=$(application_database statements "$OUT")
 "$BIN/psql" "$URL" -qc "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
-(cd "$OUT" && "$BIN/pgbench" -n -M prepared -c 4 -j 2 -R "$RATE" -T $((WARM + 62)) \
-  -f application.sql "$URL" > pgbench.out 2>&1) &
-application=$!
+start_application "$URL" $((WARM + 62)) "$OUT"
 relay=
 trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; kill "$application" 2> /dev/null || true' EXIT
 if [ "$RELAY_ARGS" != alone ]; then
