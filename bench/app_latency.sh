@@ -39,7 +39,8 @@ URL=$(application_database app_latency "$OUT")
 read -ra conditions <<< "$CONDITIONS"
 seconds=$((${#conditions[@]} * ROUNDS * BLOCK * 60))
 echo "app_latency: $RATE events/s for $((seconds / 60)) min, blocks of $BLOCK min: $CONDITIONS ($ROUNDS rounds); in $OUT" >&2
-start_application "$URL" "$seconds" "$OUT" -l --log-prefix=application
+# A few seconds past the last block, so that the application still runs when that block ends.
+start_application "$URL" $((seconds + 5)) "$OUT" -l --log-prefix=application
 relay=
 trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; kill "$application" 2> /dev/null || true' EXIT
 
