@@ -81,6 +81,20 @@ pub enum Error {
     #[error("table-less recording (Recording::LogicalMessage) needs PostgreSQL, not {0:?}")]
     LogicalMessageUnsupported(sea_orm::DbBackend),
 
+    /// A table name that is not one (see [`TableName`](crate::TableName)). Nothing was written.
+    #[error(transparent)]
+    InvalidTableName(#[from] crate::InvalidTableName),
+
+    /// A schema-qualified table (`billing.outbox`) on a backend whose tables have no schema in
+    /// this sense (SQLite, and MySQL, where a schema is another database: use its URL instead).
+    #[error("the outbox table `{table}` names a schema, which only PostgreSQL supports; on {backend:?} name a table without one")]
+    SchemaUnsupported {
+        /// The table.
+        table: crate::TableName,
+        /// The connection's backend.
+        backend: sea_orm::DbBackend,
+    },
+
     /// Two Rust types linked into this binary register the same event type.
     #[error("event type `{event_type}` is registered by two Rust types: `{first}` and `{second}`")]
     DuplicateEventType {

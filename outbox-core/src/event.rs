@@ -48,6 +48,10 @@ pub trait OutboxEvent: crate::__private::SerializeEvent {
     const EVENT_VERSION: i32;
     /// A topic that overrides the relay's routing, if any.
     const TOPIC: Option<&'static str>;
+    /// The outbox table this type's events go to (`#[outbox(table = "billing_outbox")]`), when it
+    /// is not the one the recording [`Outbox`](crate::Outbox) names; see
+    /// [`TableName`](crate::TableName) for the names allowed.
+    const TABLE: Option<&'static str> = None;
 
     /// The id of the aggregate this event belongs to: the broker message key.
     fn aggregate_id(&self) -> String;
@@ -82,7 +86,7 @@ pub trait OutboxEvent: crate::__private::SerializeEvent {
         async move {
             let event = event?;
             let id = event.id;
-            record::insert(txn, vec![event], crate::Outbox::default()).await?;
+            record::insert(txn, vec![event], &crate::Outbox::default()).await?;
             Ok(id)
         }
     }
@@ -123,6 +127,9 @@ pub struct NewEvent {
     pub payload: serde_json::Value,
     /// Headers the relay forwards to the broker.
     pub headers: BTreeMap<String, String>,
+    /// See [`OutboxEvent::TABLE`]: the table this event goes to, whatever the recording
+    /// [`Outbox`](crate::Outbox) names; `None` for that one.
+    pub table: Option<crate::TableName>,
 }
 
 impl NewEvent {
@@ -143,6 +150,7 @@ impl NewEvent {
             topic: E::TOPIC.map(str::to_owned),
             payload,
             headers: trace_context(),
+            table: E::TABLE.map(crate::TableName::new).transpose()?,
         })
     }
 
@@ -158,7 +166,7 @@ impl NewEvent {
     /// Inserts this event into the outbox inside `txn`; see [`OutboxEvent::record`].
     pub async fn record(self, txn: &DatabaseTransaction) -> Result<Uuid> {
         let id = self.id;
-        record::insert(txn, vec![self], crate::Outbox::default()).await?;
+        record::insert(txn, vec![self], &crate::Outbox::default()).await?;
         Ok(id)
     }
 }

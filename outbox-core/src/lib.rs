@@ -60,6 +60,7 @@ mod record;
 mod registry;
 pub mod schema;
 mod secret;
+mod table;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -73,6 +74,7 @@ pub use outbox::{
 pub use record::{record_all, record_new_events};
 pub use registry::{EventRegistration, check_registrations, registrations};
 pub use secret::Secret;
+pub use table::{InvalidTableName, TableName};
 
 /// The message headers the broker contract sets from the event itself: `id` (the consumers'
 /// deduplication key), `event_type`, `aggregate_type` and `event_version`. An application cannot

@@ -18,16 +18,22 @@
 //!
 //! Or run only the outbox's with [`Migrator`], which keeps its own history table.
 
+use crate::TableName;
 use crate::schema::{STEPS, SchemaStep};
 use sea_orm_migration::prelude::*;
 
-/// One [`SchemaStep`] as a migration.
+/// One [`SchemaStep`] on one outbox table, as a migration.
 #[derive(Debug)]
-pub struct Migration(&'static SchemaStep);
+pub struct Migration {
+    step: &'static SchemaStep,
+    table: TableName,
+    /// The step's name, and for another table than the default `@` and the table's name.
+    name: String,
+}
 
 impl MigrationName for Migration {
     fn name(&self) -> &str {
-        self.0.name
+        &self.name
     }
 }
 
@@ -37,28 +43,57 @@ impl MigrationName for Migration {
 impl MigrationTrait for Migration {
     async fn up(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let sql = self
-            .0
-            .up(manager.get_database_backend())
+            .step
+            .up_on(manager.get_database_backend(), &self.table)
             .map_err(|e| DbErr::Migration(e.to_string()))?;
-        manager.get_connection().execute_unprepared(sql).await?;
+        manager.get_connection().execute_unprepared(&sql).await?;
         Ok(())
     }
 
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let sql = self
-            .0
-            .down(manager.get_database_backend())
+            .step
+            .down_on(manager.get_database_backend(), &self.table)
             .map_err(|e| DbErr::Migration(e.to_string()))?;
-        manager.get_connection().execute_unprepared(sql).await?;
+        manager.get_connection().execute_unprepared(&sql).await?;
         Ok(())
     }
 }
 
-/// Every outbox migration, oldest first, to add to your `Migrator`.
+/// Every outbox migration of the default table (`outbox`) and the inbox, oldest first, to add to
+/// your `Migrator`.
 pub fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+    migrations_for(&TableName::DEFAULT)
+}
+
+/// Every migration of the outbox table `table`, oldest first, to add to your `Migrator` beside
+/// (or instead of) [`migrations`]: each is named after its step and, for another table than the
+/// default, `@` and the table (`m0001_outbox@billing_outbox`), so each table's history is its own.
+/// The first also creates the inbox (`processed_events`) if it is missing.
+///
+/// ```
+/// use sea_orm_migration::MigrationName;
+/// use seaorm_outbox::TableName;
+///
+/// let billing = seaorm_outbox::migration::migrations_for(&TableName::new("billing_outbox")?);
+/// assert_eq!(billing[0].name(), "m0001_outbox@billing_outbox");
+/// # Ok::<(), seaorm_outbox::InvalidTableName>(())
+/// ```
+pub fn migrations_for(table: &TableName) -> Vec<Box<dyn MigrationTrait>> {
     STEPS
         .iter()
-        .map(|step| Box::new(Migration(step)) as Box<dyn MigrationTrait>)
+        .map(|step| {
+            let name = if table.is_default() {
+                step.name.to_owned()
+            } else {
+                format!("{}@{table}", step.name)
+            };
+            Box::new(Migration {
+                step,
+                table: table.clone(),
+                name,
+            }) as Box<dyn MigrationTrait>
+        })
         .collect()
 }
 
@@ -93,4 +128,77 @@ impl MigratorTrait for Migrator {
 /// ```
 pub async fn migrate(db: &sea_orm::DatabaseConnection) -> Result<(), DbErr> {
     Migrator::up(db, None).await
+}
+
+/// Creates or upgrades the outbox table `table` on `db` (and the inbox, if missing): for the
+/// default table, [`migrate`]; for another, the same steps on that table, each applied once, its
+/// history in a table of its own beside it (`<name>_migrations`, in the table's schema), so each
+/// outbox table is migrated on its own.
+///
+/// ```no_run
+/// use seaorm_outbox::TableName;
+/// # async fn f(db: &sea_orm::DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
+/// seaorm_outbox::migration::migrate_table(db, &TableName::new("billing_outbox")?).await?;
+/// # Ok(()) }
+/// ```
+pub async fn migrate_table(
+    db: &sea_orm::DatabaseConnection,
+    table: &TableName,
+) -> Result<(), DbErr> {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement, TransactionTrait};
+    if table.is_default() {
+        return migrate(db).await;
+    }
+    let backend = db.get_database_backend();
+    let (quote, placeholder) = match backend {
+        DbBackend::MySql => ('`', "?"),
+        DbBackend::Sqlite => ('"', "?"),
+        _ => ('"', "$1"),
+    };
+    let history = TableName::new(match table.schema() {
+        Some(schema) => format!("{schema}.{}_migrations", table.name()),
+        None => format!("{}_migrations", table.name()),
+    })
+    .map_err(|e| DbErr::Migration(e.to_string()))?
+    .quoted(quote);
+    db.execute_unprepared(&format!(
+        "CREATE TABLE IF NOT EXISTS {history} (version varchar(255) NOT NULL PRIMARY KEY, \
+         applied_at bigint NOT NULL)"
+    ))
+    .await?;
+    for step in STEPS {
+        let version = format!("{}@{table}", step.name);
+        let sql = step
+            .up_on(backend, table)
+            .map_err(|e| DbErr::Migration(e.to_string()))?;
+        // One transaction a step where the database has transactional DDL (MySQL commits each
+        // DDL statement: a step cut short there is completed by running it again).
+        let txn = db.begin().await?;
+        let applied = txn
+            .query_one_raw(Statement::from_sql_and_values(
+                backend,
+                format!("SELECT version FROM {history} WHERE version = {placeholder}"),
+                [version.clone().into()],
+            ))
+            .await?
+            .is_some();
+        if !applied {
+            txn.execute_unprepared(&sql).await?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| <i64 as std::convert::TryFrom<u64>>::try_from(d.as_secs()).unwrap_or(i64::MAX));
+            let values = match backend {
+                DbBackend::Postgres => "($1, $2)",
+                _ => "(?, ?)",
+            };
+            txn.execute_raw(Statement::from_sql_and_values(
+                backend,
+                format!("INSERT INTO {history} (version, applied_at) VALUES {values}"),
+                [version.into(), now.into()],
+            ))
+            .await?;
+        }
+        txn.commit().await?;
+    }
+    Ok(())
 }

@@ -9,8 +9,8 @@ use sea_orm::DatabaseTransaction;
 use uuid::Uuid;
 
 /// Where and how events are recorded, for the calls made through it. Build one at start and keep
-/// it (it is `Copy`); one application can record into rows through one value and as logical
-/// messages through another.
+/// it; one application can record into rows through one value and as logical messages through
+/// another, or into one outbox table through one value and another table through another.
 ///
 /// ```no_run
 /// use seaorm_outbox::{Outbox, OutboxEvent, Recording};
@@ -25,11 +25,14 @@ use uuid::Uuid;
 /// outbox.record(txn, &OrderPlaced { order_id: 7 }).await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Outbox {
     /// Where events go.
     pub recording: Recording,
+    /// The outbox table rows go to ([`Recording::Table`]), unless an event type names its own
+    /// ([`OutboxEvent::TABLE`]). Default `outbox`.
+    pub table: crate::TableName,
     /// The largest payload accepted, in bytes of JSON: a larger event fails with
     /// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) and nothing is written.
     pub max_payload_bytes: usize,
@@ -48,6 +51,7 @@ impl Default for Outbox {
     fn default() -> Self {
         Outbox {
             recording: recording(),
+            table: crate::TableName::DEFAULT,
             max_payload_bytes: max_payload_bytes(),
         }
     }
@@ -63,6 +67,21 @@ impl Outbox {
     /// ```
     pub fn with_recording(mut self, recording: Recording) -> Self {
         self.recording = recording;
+        self
+    }
+
+    /// The same, recording rows into `table` (events whose type names a table of its own still go
+    /// there). Migrate that table first: `seaorm_outbox::migration::migrate_table`, the SQL of
+    /// [`SchemaStep::up_on`](crate::schema::SchemaStep::up_on), or `outbox-relay migrate --table`.
+    ///
+    /// ```
+    /// use seaorm_outbox::{Outbox, TableName};
+    /// let billing = Outbox::default().with_table(TableName::new("billing_outbox")?);
+    /// assert_eq!(billing.table.to_string(), "billing_outbox");
+    /// # Ok::<(), seaorm_outbox::InvalidTableName>(())
+    /// ```
+    pub fn with_table(mut self, table: crate::TableName) -> Self {
+        self.table = table;
         self
     }
 
@@ -86,7 +105,7 @@ impl Outbox {
     ) -> Result<Uuid> {
         let event = NewEvent::from_event(event)?;
         let id = event.id;
-        crate::record::insert(txn, vec![event], *self).await?;
+        crate::record::insert(txn, vec![event], self).await?;
         Ok(id)
     }
 
@@ -98,7 +117,7 @@ impl Outbox {
         events: &[E],
     ) -> Result<Vec<Uuid>> {
         let events: Result<Vec<NewEvent>> = events.iter().map(NewEvent::from_event).collect();
-        crate::record::insert(txn, events?, *self).await
+        crate::record::insert(txn, events?, self).await
     }
 
     /// Records events of any types with one statement, in order, as
@@ -108,7 +127,7 @@ impl Outbox {
         txn: &DatabaseTransaction,
         events: Vec<NewEvent>,
     ) -> Result<Vec<Uuid>> {
-        crate::record::insert(txn, events, *self).await
+        crate::record::insert(txn, events, self).await
     }
 }
 

@@ -1,10 +1,11 @@
-//! Writing events into the outbox table: one INSERT per call, whatever the number of events; or,
+//! Writing events into the outbox table: one INSERT per call and table, whatever the number of
+//! events; or,
 //! with [`Recording::LogicalMessage`](crate::Recording), one logical message into the WAL.
 //!
 //! All events travel as one JSON array parameter, so every call uses the same prepared statement
 //! and no call runs into a bind-parameter limit.
 
-use crate::{Error, NewEvent, Outbox, OutboxEvent, Result};
+use crate::{Error, NewEvent, Outbox, OutboxEvent, Result, TableName};
 use sea_orm::{ConnectionTrait, DatabaseTransaction, DbBackend, Statement};
 
 use std::future::Future;
@@ -32,7 +33,7 @@ pub fn record_all<'t, E: OutboxEvent>(
 ) -> impl Future<Output = Result<Vec<Uuid>>> + Send + 't {
     // Serialize now, so the future borrows nothing but the transaction.
     let events: Result<Vec<NewEvent>> = events.iter().map(NewEvent::from_event).collect();
-    async move { insert(txn, events?, Outbox::default()).await }
+    async move { insert(txn, events?, &Outbox::default()).await }
 }
 
 /// Inserts events of any types, built with [`NewEvent::from_event`], with one statement, in order.
@@ -57,32 +58,84 @@ pub async fn record_new_events(
     txn: &DatabaseTransaction,
     events: Vec<NewEvent>,
 ) -> Result<Vec<Uuid>> {
-    insert(txn, events, Outbox::default()).await
+    insert(txn, events, &Outbox::default()).await
 }
 
 /// Writes `events` as `outbox` says: rows or one logical message, each payload within its limit.
+/// Rows go to their event type's table, or else to `outbox.table`: one statement per table, the
+/// tables in name order (so the aggregates' locks are taken in one canonical order whatever the
+/// call's mix of tables).
 pub(crate) async fn insert(
     txn: &DatabaseTransaction,
     events: Vec<NewEvent>,
-    outbox: Outbox,
+    outbox: &Outbox,
 ) -> Result<Vec<Uuid>> {
     if events.is_empty() {
         return Ok(Vec::new());
     }
     let backend = txn.get_database_backend();
-    let sql = match (backend, outbox.recording) {
-        (DbBackend::Postgres, crate::Recording::Table) => POSTGRES_INSERT,
-        (DbBackend::Postgres, crate::Recording::LogicalMessage) => POSTGRES_EMIT,
-        (DbBackend::Sqlite, crate::Recording::Table) => SQLITE_INSERT,
-        (DbBackend::MySql, crate::Recording::Table) => {
-            return insert_mysql(txn, &events, outbox.max_payload_bytes).await;
+    match (backend, outbox.recording) {
+        (DbBackend::Postgres, crate::Recording::LogicalMessage) => {
+            let param = json_rows(&events, outbox.max_payload_bytes)?;
+            txn.execute_raw(Statement::from_sql_and_values(
+                backend,
+                POSTGRES_EMIT,
+                [param.into()],
+            ))
+            .await?;
+            return Ok(events.iter().map(|e| e.id).collect());
         }
-        (DbBackend::Sqlite | DbBackend::MySql, _) => {
+        (DbBackend::Sqlite | DbBackend::MySql, crate::Recording::LogicalMessage) => {
             return Err(Error::LogicalMessageUnsupported(backend));
         }
+        (DbBackend::Postgres | DbBackend::Sqlite | DbBackend::MySql, _) => {}
         (other, _) => return Err(Error::UnsupportedBackend(other)),
-    };
-    let limit = outbox.max_payload_bytes;
+    }
+    let ids = events.iter().map(|e| e.id).collect();
+    let tables = by_table(events, &outbox.table);
+    if tables.len() > 1 && backend == DbBackend::Postgres {
+        lock_postgres_aggregates(txn, &tables).await?;
+    }
+    for (table, events) in &tables {
+        if table.schema().is_some() && backend != DbBackend::Postgres {
+            return Err(Error::SchemaUnsupported {
+                table: table.clone(),
+                backend,
+            });
+        }
+        let limit = outbox.max_payload_bytes;
+        let sql = match backend {
+            DbBackend::MySql => {
+                insert_mysql(txn, table, events, limit).await?;
+                continue;
+            }
+            DbBackend::Postgres => POSTGRES_INSERT,
+            _ => SQLITE_INSERT,
+        };
+        let param = json_rows(events, limit)?;
+        let sql = table.rewrite(sql, '"').into_owned();
+        txn.execute_raw(Statement::from_sql_and_values(backend, sql, [param.into()]))
+            .await?;
+    }
+    Ok(ids)
+}
+
+/// `events` split by the table each goes to (its type's, else `default`), in table name order,
+/// each table's events in their order.
+fn by_table(events: Vec<NewEvent>, default: &TableName) -> Vec<(TableName, Vec<NewEvent>)> {
+    if events.iter().all(|e| e.table.is_none()) {
+        return vec![(default.clone(), events)];
+    }
+    let mut tables: std::collections::BTreeMap<TableName, Vec<NewEvent>> = Default::default();
+    for event in events {
+        let table = event.table.clone().unwrap_or_else(|| default.clone());
+        tables.entry(table).or_default().push(event);
+    }
+    tables.into_iter().collect()
+}
+
+/// `events` as the JSON array parameter of the PostgreSQL and SQLite statements.
+fn json_rows(events: &[NewEvent], limit: usize) -> Result<String> {
     let mut param = Vec::with_capacity(256 * events.len());
     param.push(b'[');
     for (n, event) in events.iter().enumerate() {
@@ -94,10 +147,33 @@ pub(crate) async fn insert(
     }
     param.push(b']');
     // Serialized from `Value`s and `String`s: valid UTF-8.
-    let param = String::from_utf8(param).expect("serde_json writes UTF-8");
-    txn.execute_raw(Statement::from_sql_and_values(backend, sql, [param.into()]))
-        .await?;
-    Ok(events.iter().map(|e| e.id).collect())
+    Ok(String::from_utf8(param).expect("serde_json writes UTF-8"))
+}
+
+/// Takes the locks of every aggregate of a call that writes into several tables at once, in
+/// ascending key order, as one table's insert does (PostgreSQL's locks are database-wide): each
+/// table's insert then takes again locks it holds.
+async fn lock_postgres_aggregates(
+    txn: &DatabaseTransaction,
+    tables: &[(TableName, Vec<NewEvent>)],
+) -> Result<()> {
+    let aggregates: Vec<String> = tables
+        .iter()
+        .flat_map(|(_, events)| events)
+        .map(|e| format!("{}:{}", e.aggregate_type, e.aggregate_id))
+        .collect();
+    txn.execute_raw(Statement::from_sql_and_values(
+        DbBackend::Postgres,
+        "SELECT count(pg_advisory_xact_lock(k)) FROM (
+             SELECT DISTINCT hashtextextended(a, 0) AS k
+             FROM jsonb_array_elements_text($1::text::jsonb) a ORDER BY k
+         ) ordered_keys",
+        [serde_json::to_string(&aggregates)
+            .expect("strings serialize")
+            .into()],
+    ))
+    .await?;
+    Ok(())
 }
 
 /// Refuses an event that sets a header the relay sets itself.
@@ -140,9 +216,10 @@ const MYSQL_ROWS_PER_INSERT: usize = 1_000;
 /// about 250 µs per statement against 65 for `VALUES`.
 async fn insert_mysql(
     txn: &DatabaseTransaction,
+    table: &TableName,
     events: &[NewEvent],
     limit: usize,
-) -> Result<Vec<Uuid>> {
+) -> Result<()> {
     let mut rows = Vec::with_capacity(events.len());
     for event in events {
         refuse_reserved_headers(event)?;
@@ -162,9 +239,9 @@ async fn insert_mysql(
     if rows.len() == 1
         && let Some((event, payload, headers)) = rows.pop()
     {
-        return insert_one_mysql(txn, event, payload, headers).await;
+        return insert_one_mysql(txn, table, event, payload, headers).await;
     }
-    lock_mysql_aggregates(txn, events).await?;
+    lock_mysql_aggregates(txn, table, events).await?;
     for chunk in rows.chunks(MYSQL_ROWS_PER_INSERT) {
         let placeholders = vec!["(?, ?, ?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
         let mut values: Vec<sea_orm::Value> = Vec::with_capacity(8 * chunk.len());
@@ -181,14 +258,15 @@ async fn insert_mysql(
         txn.execute_raw(Statement::from_sql_and_values(
             DbBackend::MySql,
             format!(
-                "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, \
-                 topic, payload, headers) VALUES {placeholders}"
+                "INSERT INTO {} (id, aggregate_type, aggregate_id, event_type, event_version, \
+                 topic, payload, headers) VALUES {placeholders}",
+                table.quoted('`')
             ),
             values,
         ))
         .await?;
     }
-    Ok(events.iter().map(|e| e.id).collect())
+    Ok(())
 }
 
 /// One event on MySQL: the aggregate's lock and the row in one statement, one round trip instead
@@ -197,15 +275,19 @@ async fn insert_mysql(
 /// [`lock_mysql_aggregates`].
 async fn insert_one_mysql(
     txn: &DatabaseTransaction,
+    table: &TableName,
     event: &NewEvent,
     payload: String,
     headers: Option<String>,
-) -> Result<Vec<Uuid>> {
+) -> Result<()> {
     txn.execute_raw(Statement::from_sql_and_values(
         DbBackend::MySql,
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic, \
-         payload, headers) \
-         SELECT ?, ?, ?, ?, ?, ?, ?, ? FROM outbox_lock WHERE bucket = ? FOR UPDATE",
+        table.rewrite(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, \
+             topic, payload, headers) \
+             SELECT ?, ?, ?, ?, ?, ?, ?, ? FROM outbox_lock WHERE bucket = ? FOR UPDATE",
+            '`',
+        ),
         [
             event.id.to_string().into(),
             event.aggregate_type.clone().into(),
@@ -219,7 +301,7 @@ async fn insert_one_mysql(
         ],
     ))
     .await?;
-    Ok(vec![event.id])
+    Ok(())
 }
 
 /// Appends `event` as one JSON object of the statement's array parameter. The payload is
@@ -342,7 +424,11 @@ fn fits_mysql_columns(event: &NewEvent) -> Result<()> {
 /// insert), read through the primary key in ascending order: the range read visits the sorted
 /// list in key order, locking as it goes, so two writers lock common buckets in the same order
 /// and cannot deadlock. Lists longer than [`LOCK_CHUNK`] go in ascending chunks.
-async fn lock_mysql_aggregates(txn: &DatabaseTransaction, events: &[NewEvent]) -> Result<()> {
+async fn lock_mysql_aggregates(
+    txn: &DatabaseTransaction,
+    table: &TableName,
+    events: &[NewEvent],
+) -> Result<()> {
     let mut buckets: Vec<i64> = events
         .iter()
         .map(|e| mysql_lock_bucket(&e.aggregate_type, &e.aggregate_id))
@@ -354,8 +440,9 @@ async fn lock_mysql_aggregates(txn: &DatabaseTransaction, events: &[NewEvent]) -
         txn.execute_raw(Statement::from_sql_and_values(
             DbBackend::MySql,
             format!(
-                "SELECT bucket FROM outbox_lock FORCE INDEX (PRIMARY) WHERE bucket IN ({list}) \
-                 ORDER BY bucket FOR UPDATE"
+                "SELECT bucket FROM `{}_lock` FORCE INDEX (PRIMARY) WHERE bucket IN ({list}) \
+                 ORDER BY bucket FOR UPDATE",
+                table.name()
             ),
             chunk.iter().map(|&b| b.into()),
         ))

@@ -12,8 +12,9 @@
 //! # Ok::<(), seaorm_outbox::Error>(())
 //! ```
 
-use crate::{Error, Result};
+use crate::{Error, Result, TableName};
 use sea_orm::DbBackend;
+use std::borrow::Cow;
 
 /// One change to the schema, in every dialect.
 #[derive(Debug)]
@@ -23,12 +24,17 @@ pub struct SchemaStep {
     postgres: &'static str,
     sqlite: &'static str,
     mysql: &'static str,
-    down: &'static str,
+    postgres_down: &'static str,
+    sqlite_down: &'static str,
     mysql_down: &'static str,
+    /// What the step reverts of the inbox (`processed_events`, which every outbox table's first
+    /// step creates if missing): run with the default table's steps only.
+    inbox_down: &'static str,
 }
 
 impl SchemaStep {
-    /// The SQL that applies this step on `backend`.
+    /// The SQL that applies this step on `backend`, to the default table (`outbox`): the files in
+    /// `sql/`.
     pub fn up(&self, backend: DbBackend) -> Result<&'static str> {
         match backend {
             DbBackend::Postgres => Ok(self.postgres),
@@ -36,6 +42,23 @@ impl SchemaStep {
             DbBackend::MySql => Ok(self.mysql),
             other => Err(Error::UnsupportedBackend(other)),
         }
+    }
+
+    /// The SQL that applies this step on `backend` to `table`: the same statements, on that
+    /// table, its objects named after it (see [`TableName::rewrite`]).
+    ///
+    /// ```
+    /// use sea_orm::DbBackend;
+    /// use seaorm_outbox::TableName;
+    ///
+    /// let table = TableName::new("billing.outbox")?;
+    /// let sql = seaorm_outbox::schema::STEPS[0].up_on(DbBackend::Postgres, &table)?;
+    /// assert!(sql.contains(r#"CREATE TABLE IF NOT EXISTS "billing"."outbox""#));
+    /// # Ok::<(), seaorm_outbox::Error>(())
+    /// ```
+    pub fn up_on(&self, backend: DbBackend, table: &TableName) -> Result<Cow<'static, str>> {
+        let sql = self.up(backend)?;
+        Ok(table.rewrite(sql, quote(backend, table)?))
     }
 
     /// The SQL that reverts this step on `backend`.
@@ -47,12 +70,41 @@ impl SchemaStep {
     /// assert!(first.down(DbBackend::MySql)?.contains("DROP TABLE IF EXISTS outbox_lock"));
     /// # Ok::<(), seaorm_outbox::Error>(())
     /// ```
-    pub fn down(&self, backend: DbBackend) -> Result<&'static str> {
-        match backend {
-            DbBackend::Postgres | DbBackend::Sqlite => Ok(self.down),
-            DbBackend::MySql => Ok(self.mysql_down),
-            other => Err(Error::UnsupportedBackend(other)),
+    pub fn down(&self, backend: DbBackend) -> Result<Cow<'static, str>> {
+        self.down_on(backend, &TableName::DEFAULT)
+    }
+
+    /// The SQL that reverts this step on `backend` for `table` (the inbox's part, for the default
+    /// table only).
+    pub fn down_on(&self, backend: DbBackend, table: &TableName) -> Result<Cow<'static, str>> {
+        let sql = match backend {
+            DbBackend::Postgres => self.postgres_down,
+            DbBackend::Sqlite => self.sqlite_down,
+            DbBackend::MySql => self.mysql_down,
+            other => return Err(Error::UnsupportedBackend(other)),
+        };
+        let sql = table.rewrite(sql, quote(backend, table)?);
+        Ok(if table.is_default() && !self.inbox_down.is_empty() {
+            Cow::Owned(format!("{}{sql}", self.inbox_down))
+        } else {
+            sql
+        })
+    }
+}
+
+/// How `backend` quotes an identifier; an error for a schema-qualified table outside PostgreSQL.
+fn quote(backend: DbBackend, table: &TableName) -> Result<char> {
+    match backend {
+        DbBackend::Postgres => Ok('"'),
+        DbBackend::Sqlite | DbBackend::MySql if table.schema().is_some() => {
+            Err(Error::SchemaUnsupported {
+                table: table.clone(),
+                backend,
+            })
         }
+        DbBackend::Sqlite => Ok('"'),
+        DbBackend::MySql => Ok('`'),
+        other => Err(Error::UnsupportedBackend(other)),
     }
 }
 
@@ -63,17 +115,22 @@ pub const STEPS: &[SchemaStep] = &[
         postgres: include_str!("../sql/postgres/0001_outbox.sql"),
         sqlite: include_str!("../sql/sqlite/0001_outbox.sql"),
         mysql: include_str!("../sql/mysql/0001_outbox.sql"),
-        down: "DROP TABLE IF EXISTS processed_events; DROP TABLE IF EXISTS outbox;",
-        mysql_down: "DROP TABLE IF EXISTS processed_events; DROP TABLE IF EXISTS outbox_lock; \
-                     DROP TABLE IF EXISTS outbox;",
+        postgres_down: "DROP TABLE IF EXISTS outbox;",
+        sqlite_down: "DROP TABLE IF EXISTS outbox;",
+        mysql_down: "DROP TABLE IF EXISTS outbox_lock; DROP TABLE IF EXISTS outbox;",
+        inbox_down: "DROP TABLE IF EXISTS processed_events; ",
     },
     SchemaStep {
         name: "m0002_held",
         postgres: include_str!("../sql/postgres/0002_held.sql"),
         sqlite: include_str!("../sql/sqlite/0002_held.sql"),
         mysql: include_str!("../sql/mysql/0002_held.sql"),
-        down: "DROP INDEX IF EXISTS outbox_held; ALTER TABLE outbox DROP COLUMN recorded; \
-               ALTER TABLE outbox DROP COLUMN held_at;",
+        // Dropping the column drops its index on PostgreSQL (where the index's name alone may
+        // name another schema's); SQLite refuses to drop an indexed column.
+        postgres_down: "ALTER TABLE outbox DROP COLUMN recorded; ALTER TABLE outbox DROP COLUMN held_at;",
+        sqlite_down: "DROP INDEX IF EXISTS outbox_held; ALTER TABLE outbox DROP COLUMN recorded; \
+                      ALTER TABLE outbox DROP COLUMN held_at;",
         mysql_down: "ALTER TABLE outbox DROP COLUMN recorded, DROP COLUMN held_at;",
+        inbox_down: "",
     },
 ];

@@ -17,6 +17,7 @@ pub(crate) struct Container {
     pub key: Option<Spanned<String>>,
     pub event_type: Option<Spanned<String>>,
     pub topic: Option<Spanned<String>>,
+    pub table: Option<Spanned<String>>,
     pub version: Option<Spanned<i32>>,
     pub crate_path: Option<Path>,
     /// Names written by the user, valid or not: an invalid value already has its error, so
@@ -36,11 +37,12 @@ pub(crate) fn parse_container(attrs: &[Attribute], errors: &mut Vec<syn::Error>)
     container
 }
 
-const KNOWN: [&str; 6] = [
+const KNOWN: [&str; 7] = [
     "aggregate",
     "key",
     "event_type",
     "topic",
+    "table",
     "version",
     "crate",
 ];
@@ -87,6 +89,7 @@ fn parse_one(
         "key" => string(&name, &value).map(|v| c.key = Some(v)),
         "event_type" => string(&name, &value).map(|v| c.event_type = Some(v)),
         "topic" => string(&name, &value).map(|v| c.topic = Some(v)),
+        "table" => table(&value).map(|v| c.table = Some(v)),
         "version" => version(&value).map(|v| c.version = Some(v)),
         _ => crate_path(&value).map(|v| c.crate_path = Some(v)),
     };
@@ -110,6 +113,42 @@ fn value_expr(
         return Ok(None);
     }
     Ok(Some(meta.value()?.parse()?))
+}
+
+/// `table = "..."`: a name `TableName::new` accepts (the same rules, checked here so that a bad
+/// one is an error at the literal, not a failure when the first event is recorded).
+fn table(value: &syn::Expr) -> syn::Result<Spanned<String>> {
+    let table = string("table", value)?;
+    let parts: Vec<&str> = table.value.split('.').collect();
+    let reason = if parts.len() > 2 {
+        Some("at most one `.`, between a schema and the table's name")
+    } else if parts.iter().any(|p| p.is_empty()) {
+        Some("an empty part")
+    } else if parts.iter().any(|p| p.starts_with(|c: char| c.is_ascii_digit())) {
+        Some("a part starts with a digit")
+    } else if !parts.iter().all(|p| {
+        p.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+    }) {
+        Some("only lower-case ASCII letters, digits and `_`")
+    } else if parts.last().is_some_and(|name| name.len() > 48) {
+        Some("the name is longer than 48 characters")
+    } else if parts.len() == 2 && parts[0].len() > 63 {
+        Some("the schema is longer than 63 characters")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(syn::Error::new(
+            table.span,
+            format!(
+                "`{}` is not an outbox table name: {reason} (as in `table = \"billing_outbox\"` \
+                 or `table = \"billing.outbox\"`)",
+                table.value
+            ),
+        )),
+        None => Ok(table),
+    }
 }
 
 fn string(name: &str, value: &syn::Expr) -> syn::Result<Spanned<String>> {

@@ -49,6 +49,13 @@ fn expand(input: &Input<'_>, key: &crate::ast::Field<'_>, krate: &syn::Path) -> 
         }
         None => quote!(::core::option::Option::None),
     };
+    let table = match &attrs.table {
+        Some(t) => {
+            let t = &t.value;
+            quote!(::core::option::Option::Some(#t))
+        }
+        None => quote!(::core::option::Option::None),
+    };
     let key_ident = key.ident;
     // Spanned on the field's type, so "doesn't implement Display" points at it.
     let key_expr = quote_spanned! {key.ty.span()=>
@@ -62,6 +69,7 @@ fn expand(input: &Input<'_>, key: &crate::ast::Field<'_>, krate: &syn::Path) -> 
             const EVENT_TYPE: &'static str = #event_type;
             const EVENT_VERSION: i32 = #version;
             const TOPIC: ::core::option::Option<&'static str> = #topic;
+            const TABLE: ::core::option::Option<&'static str> = #table;
 
             fn aggregate_id(&self) -> #krate::__private::String {
                 #key_expr
