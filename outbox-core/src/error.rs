@@ -87,7 +87,9 @@ pub enum Error {
 
     /// A schema-qualified table (`billing.outbox`) on a backend whose tables have no schema in
     /// this sense (SQLite, and MySQL, where a schema is another database: use its URL instead).
-    #[error("the outbox table `{table}` names a schema, which only PostgreSQL supports; on {backend:?} name a table without one")]
+    #[error(
+        "the outbox table `{table}` names a schema, which only PostgreSQL supports; on {backend:?} name a table without one"
+    )]
     SchemaUnsupported {
         /// The table.
         table: crate::TableName,

@@ -50,7 +50,8 @@ pub trait OutboxEvent: crate::__private::SerializeEvent {
     const TOPIC: Option<&'static str>;
     /// The outbox table this type's events go to (`#[outbox(table = "billing_outbox")]`), when it
     /// is not the one the recording [`Outbox`](crate::Outbox) names; see
-    /// [`TableName`](crate::TableName) for the names allowed.
+    /// [`TableName`](crate::TableName) for the names allowed. Table-less recording
+    /// ([`Recording::LogicalMessage`](crate::Recording)) writes no row, and ignores it.
     const TABLE: Option<&'static str> = None;
 
     /// The id of the aggregate this event belongs to: the broker message key.

@@ -186,7 +186,9 @@ pub async fn migrate_table(
             txn.execute_unprepared(&sql).await?;
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| <i64 as std::convert::TryFrom<u64>>::try_from(d.as_secs()).unwrap_or(i64::MAX));
+                .map_or(0, |d| {
+                    <i64 as std::convert::TryFrom<u64>>::try_from(d.as_secs()).unwrap_or(i64::MAX)
+                });
             let values = match backend {
                 DbBackend::Postgres => "($1, $2)",
                 _ => "(?, ?)",

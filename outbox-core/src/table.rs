@@ -250,7 +250,9 @@ mod tests {
         for good in ["outbox", "billing_outbox", "_x", "billing.outbox", "s1.o2"] {
             assert!(TableName::new(good).is_ok(), "{good}");
         }
-        for bad in ["", "Outbox", "1x", "a.b.c", ".x", "x.", "out-box", "out box", "o\"x"] {
+        for bad in [
+            "", "Outbox", "1x", "a.b.c", ".x", "x.", "out-box", "out box", "o\"x",
+        ] {
             assert!(TableName::new(bad).is_err(), "{bad}");
         }
         assert!(TableName::new("a".repeat(48)).is_ok());
@@ -269,7 +271,10 @@ mod tests {
              WHERE \"outbox\" = outboxes"
         );
         assert_eq!(
-            t.rewrite("CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (seq);", '"'),
+            t.rewrite(
+                "CREATE INDEX IF NOT EXISTS outbox_unpublished ON outbox (seq);",
+                '"'
+            ),
             "CREATE INDEX IF NOT EXISTS \"orders_outbox_unpublished\" ON \"billing\".\"orders_outbox\" (seq);"
         );
         assert_eq!(
@@ -279,7 +284,10 @@ mod tests {
         // Unterminated literals and comments end the text without a panic.
         assert_eq!(t.rewrite("x 'outbox", '"'), "x 'outbox");
         assert_eq!(t.rewrite("x /* outbox", '"'), "x /* outbox");
-        assert_eq!(t.rewrite("é outbox", '"'), "é \"billing\".\"orders_outbox\"");
+        assert_eq!(
+            t.rewrite("é outbox", '"'),
+            "é \"billing\".\"orders_outbox\""
+        );
     }
 
     #[test]

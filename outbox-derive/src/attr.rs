@@ -124,7 +124,10 @@ fn table(value: &syn::Expr) -> syn::Result<Spanned<String>> {
         Some("at most one `.`, between a schema and the table's name")
     } else if parts.iter().any(|p| p.is_empty()) {
         Some("an empty part")
-    } else if parts.iter().any(|p| p.starts_with(|c: char| c.is_ascii_digit())) {
+    } else if parts
+        .iter()
+        .any(|p| p.starts_with(|c: char| c.is_ascii_digit()))
+    {
         Some("a part starts with a digit")
     } else if !parts.iter().all(|p| {
         p.chars()

@@ -22,6 +22,26 @@ pub enum Backend {
     MariaDb,
 }
 
+/// Runs each scenario (an `async fn(DatabaseConnection)`) on every backend, each on a fresh
+/// database made by `setup` (an `async fn(Backend) -> DatabaseConnection`, such as [`database`]):
+/// a module per scenario, a test per backend.
+#[macro_export]
+macro_rules! on_every_backend {
+    ($setup:path; $($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            use super::*;
+            #[tokio::test]
+            async fn postgres() { super::$scenario($setup($crate::Backend::Postgres).await).await }
+            #[tokio::test]
+            async fn sqlite_file() { super::$scenario($setup($crate::Backend::SqliteFile).await).await }
+            #[tokio::test]
+            async fn sqlite_memory() { super::$scenario($setup($crate::Backend::SqliteMemory).await).await }
+            #[tokio::test]
+            async fn mariadb() { super::$scenario($setup($crate::Backend::MariaDb).await).await }
+        }
+    )*};
+}
+
 /// The URL of the test MariaDB, or a panic that says how to get one.
 pub fn mariadb_url() -> String {
     std::env::var("MARIADB_URL").unwrap_or_else(|_| {

@@ -40,23 +40,8 @@ async fn apply(
         .await
 }
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {$(
-        mod $scenario {
-            use super::*;
-            #[tokio::test]
-            async fn postgres() { super::$scenario(with_effects(Backend::Postgres).await).await }
-            #[tokio::test]
-            async fn sqlite_file() { super::$scenario(with_effects(Backend::SqliteFile).await).await }
-            #[tokio::test]
-            async fn sqlite_memory() { super::$scenario(with_effects(Backend::SqliteMemory).await).await }
-            #[tokio::test]
-            async fn mariadb() { super::$scenario(with_effects(Backend::MariaDb).await).await }
-        }
-    )*};
-}
-
-on_every_backend!(
+outbox_tests::on_every_backend!(
+    with_effects;
     a_redelivered_event_is_a_duplicate_and_its_effect_happens_once,
     a_failing_handler_rolls_back_its_effect_and_the_record,
     each_consumer_applies_an_event_once,

@@ -112,24 +112,8 @@ async fn rows(db: &DatabaseConnection) -> Vec<Row> {
         .collect()
 }
 
-/// Runs one scenario on every backend, each on a fresh database.
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {$(
-        mod $scenario {
-            use super::*;
-            #[tokio::test]
-            async fn postgres() { super::$scenario(database(Backend::Postgres).await).await }
-            #[tokio::test]
-            async fn sqlite_file() { super::$scenario(database(Backend::SqliteFile).await).await }
-            #[tokio::test]
-            async fn sqlite_memory() { super::$scenario(database(Backend::SqliteMemory).await).await }
-            #[tokio::test]
-            async fn mariadb() { super::$scenario(database(Backend::MariaDb).await).await }
-        }
-    )*};
-}
-
-on_every_backend!(
+outbox_tests::on_every_backend!(
+    database;
     commit_keeps_state_and_event,
     rollback_keeps_neither,
     failing_business_statement_leaves_no_event,

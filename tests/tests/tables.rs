@@ -48,21 +48,8 @@ async fn rows(db: &DatabaseConnection, table: &str) -> Vec<(String, String)> {
     .collect()
 }
 
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {$(
-        mod $scenario {
-            use super::*;
-            #[tokio::test]
-            async fn postgres() { super::$scenario(database(Backend::Postgres).await).await }
-            #[tokio::test]
-            async fn sqlite() { super::$scenario(database(Backend::SqliteFile).await).await }
-            #[tokio::test]
-            async fn mariadb() { super::$scenario(database(Backend::MariaDb).await).await }
-        }
-    )*};
-}
-
-on_every_backend!(
+outbox_tests::on_every_backend!(
+    database;
     each_event_goes_to_its_table_in_one_transaction,
     an_outbox_value_names_the_table_of_its_calls,
     each_table_is_migrated_on_its_own,
@@ -96,16 +83,25 @@ async fn each_event_goes_to_its_table_in_one_transaction(db: DatabaseConnection)
     InvoiceIssued { invoice_id: 10 }.record(&txn).await.unwrap();
     txn.rollback().await.unwrap();
     assert_eq!(count(&db, "SELECT count(*) AS n FROM outbox").await, 2);
-    assert_eq!(count(&db, "SELECT count(*) AS n FROM billing_outbox").await, 3);
+    assert_eq!(
+        count(&db, "SELECT count(*) AS n FROM billing_outbox").await,
+        3
+    );
 }
 
 async fn an_outbox_value_names_the_table_of_its_calls(db: DatabaseConnection) {
     migrate_billing(&db).await;
     let outbox = Outbox::default().with_table(billing());
     let txn = db.begin().await.unwrap();
-    outbox.record(&txn, &OrderPlaced { order_id: 1 }).await.unwrap();
     outbox
-        .record_all(&txn, &[OrderPlaced { order_id: 2 }, OrderPlaced { order_id: 3 }])
+        .record(&txn, &OrderPlaced { order_id: 1 })
+        .await
+        .unwrap();
+    outbox
+        .record_all(
+            &txn,
+            &[OrderPlaced { order_id: 2 }, OrderPlaced { order_id: 3 }],
+        )
         .await
         .unwrap();
     txn.commit().await.unwrap();
@@ -240,6 +236,9 @@ async fn a_schema_qualified_table_is_refused_on_sqlite_and_mariadb() {
         );
         assert!(err.to_string().contains("only PostgreSQL"), "{err}");
         let migrated = seaorm_outbox::migration::migrate_table(&db, &table).await;
-        assert!(migrated.is_err(), "{backend:?}: migrated a schema-qualified table");
+        assert!(
+            migrated.is_err(),
+            "{backend:?}: migrated a schema-qualified table"
+        );
     }
 }
