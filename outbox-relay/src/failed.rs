@@ -4,8 +4,10 @@
 //! a permission to grant, a payload to correct), then `retry` it; or give up on it with `skip`,
 //! which records the reason and lets the aggregate's later events go out, in order.
 
-use crate::source::table::OutboxTable;
-use sqlx::{Connection, FromRow};
+use crate::database::Backend;
+use crate::source::table::{Connection, OutboxTable};
+use seaorm_outbox::TableName;
+use sqlx::{Connection as _, FromRow};
 
 /// A parked event, as `failed list` shows it.
 #[derive(Debug, Clone, FromRow)]
@@ -73,18 +75,25 @@ impl Selection {
     }
 }
 
-/// The statements here are written once: parameters as `?N` (PostgreSQL wants `$N`; MySQL
-/// numbers none), the current time as `{now}` (SQLite keeps timestamps as ISO-8601 text), text
-/// casts as `AS TEXT` (MySQL's is `AS CHAR`). Returns the statement, and the parameters' indexes
-/// in the order MySQL binds them (`None`: bind them as given).
+/// The statements here are written once, for the table `outbox` (the table's own name goes in
+/// its place): parameters as `?N` (PostgreSQL wants `$N`; MySQL numbers none), the current time
+/// as `{now}` (SQLite keeps timestamps as ISO-8601 text), text casts as `AS TEXT` (MySQL's is
+/// `AS CHAR`). Returns the statement, and the parameters' indexes in the order MySQL binds them
+/// (`None`: bind them as given).
 fn dialect(table: &OutboxTable, sql: &str) -> (String, Option<Vec<usize>>) {
-    match table {
-        OutboxTable::Postgres(_) => (sql.replace('?', "$").replace("{now}", "now()"), None),
-        OutboxTable::Sqlite(_) => (
+    let quote = if table.conn.backend() == Backend::MySql {
+        '`'
+    } else {
+        '"'
+    };
+    let sql = &*table.name.rewrite(sql, quote);
+    match &table.conn {
+        Connection::Postgres(_) => (sql.replace('?', "$").replace("{now}", "now()"), None),
+        Connection::Sqlite(_) => (
             sql.replace("{now}", "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"),
             None,
         ),
-        OutboxTable::MySql(_) => {
+        Connection::MySql(_) => {
             let sql = sql
                 .replace("{now}", "UTC_TIMESTAMP(6)")
                 .replace(" AS TEXT)", " AS CHAR)");
@@ -106,9 +115,9 @@ fn dialect(table: &OutboxTable, sql: &str) -> (String, Option<Vec<usize>>) {
     }
 }
 
-/// Every parked event, oldest first.
-pub async fn list(database_url: &str) -> Result<Vec<ParkedEvent>, sqlx::Error> {
-    let mut table = OutboxTable::connect(database_url).await?;
+/// Every parked event of the outbox table `table`, oldest first.
+pub async fn list(database_url: &str, table: &TableName) -> Result<Vec<ParkedEvent>, sqlx::Error> {
+    let mut table = OutboxTable::connect(database_url, table).await?;
     // The polling relay's waiting events are its unpublished ones; the WAL source marks the
     // events it holds (it never marks the ones it published).
     let waiting = if read_by_wal(&mut table).await? {
@@ -127,16 +136,20 @@ pub async fn list(database_url: &str) -> Result<Vec<ParkedEvent>, sqlx::Error> {
     let (sql, _) = dialect(&table, &sql);
     // Audited: built from this module's fragments, no value in it.
     let sql = sqlx::AssertSqlSafe(sql);
-    match &mut table {
-        OutboxTable::Postgres(conn) => sqlx::query_as(sql).fetch_all(conn).await,
-        OutboxTable::Sqlite(conn) => sqlx::query_as(sql).fetch_all(conn).await,
-        OutboxTable::MySql(conn) => sqlx::query_as(sql).fetch_all(conn).await,
+    match &mut table.conn {
+        Connection::Postgres(conn) => sqlx::query_as(sql).fetch_all(conn).await,
+        Connection::Sqlite(conn) => sqlx::query_as(sql).fetch_all(conn).await,
+        Connection::MySql(conn) => sqlx::query_as(sql).fetch_all(conn).await,
     }
 }
 
 /// Whether a WAL relay reads the table (it is in a WAL relay's publication): parked events are
 /// then released through the stream.
 async fn read_by_wal(table: &mut OutboxTable) -> Result<bool, sqlx::Error> {
+    if !table.name.is_default() {
+        // The WAL source reads `outbox` alone.
+        return Ok(false);
+    }
     match table.postgres() {
         Some(conn) => Ok(crate::source::wal::publication::publications(conn)
             .await?
@@ -146,12 +159,17 @@ async fn read_by_wal(table: &mut OutboxTable) -> Result<bool, sqlx::Error> {
     }
 }
 
-/// Makes the selected parked (or backing-off) events due again; returns how many.
+/// Makes the selected parked (or backing-off) events of the outbox table `table` due again;
+/// returns how many.
 ///
 /// Under the WAL source they become held events of their aggregates, and the same transaction
 /// writes a release into the WAL: the relay sends each selected aggregate's held events in `seq`
 /// order once everything it read before has settled, so no later event goes out first.
-pub async fn retry(database_url: &str, selection: &Selection) -> Result<u64, sqlx::Error> {
+pub async fn retry(
+    database_url: &str,
+    table: &TableName,
+    selection: &Selection,
+) -> Result<u64, sqlx::Error> {
     let (condition, params) = selection.condition();
     let sql = |wal: bool| {
         let held = if wal { ", held_at = now()" } else { "" };
@@ -160,15 +178,16 @@ pub async fn retry(database_url: &str, selection: &Selection) -> Result<u64, sql
              WHERE published_at IS NULL AND (parked_at IS NOT NULL OR retry_at IS NOT NULL) AND {condition}"
         )
     };
-    execute(database_url, sql, params).await
+    execute(database_url, table, sql, params).await
 }
 
-/// Gives up on the selected parked events: they leave the backlog as if published, with the
+/// Gives up on the selected parked events of the outbox table `table`: they leave the backlog as if published, with the
 /// reason kept in `last_error` (and `parked_at` kept as the record). Returns how many. Their
 /// aggregates' later events go out, in order (under the WAL source, through a release as
 /// [`retry`] writes).
 pub async fn skip(
     database_url: &str,
+    table: &TableName,
     selection: &Selection,
     reason: &str,
 ) -> Result<u64, sqlx::Error> {
@@ -181,7 +200,7 @@ pub async fn skip(
              WHERE published_at IS NULL AND parked_at IS NOT NULL AND {condition}"
         )
     };
-    execute(database_url, sql, params).await
+    execute(database_url, table, sql, params).await
 }
 
 /// Runs one of this module's updates, written by `sql` for the table's source (`true`: a WAL relay
@@ -189,15 +208,16 @@ pub async fn skip(
 /// transaction.
 async fn execute(
     database_url: &str,
+    table: &TableName,
     sql: impl FnOnce(bool) -> String,
     params: Vec<String>,
 ) -> Result<u64, sqlx::Error> {
-    let mut table = OutboxTable::connect(database_url).await?;
+    let mut table = OutboxTable::connect(database_url, table).await?;
     let wal = read_by_wal(&mut table).await?;
     let (sql, order) = dialect(&table, &sql(wal));
     // Audited: the statement is built from this module's fragments; every value is a parameter.
-    let rows = match &mut table {
-        OutboxTable::Postgres(conn) if wal => {
+    let rows = match &mut table.conn {
+        Connection::Postgres(conn) if wal => {
             let mut tx = conn.begin().await?;
             let sql = format!("{sql} RETURNING aggregate_type, aggregate_id");
             let mut query =
@@ -218,21 +238,21 @@ async fn execute(
             tx.commit().await?;
             changed.len() as u64
         }
-        OutboxTable::Postgres(conn) => {
+        Connection::Postgres(conn) => {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
             for p in &params {
                 query = query.bind(p);
             }
             query.execute(conn).await?.rows_affected()
         }
-        OutboxTable::Sqlite(conn) => {
+        Connection::Sqlite(conn) => {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
             for p in &params {
                 query = query.bind(p);
             }
             query.execute(conn).await?.rows_affected()
         }
-        OutboxTable::MySql(conn) => {
+        Connection::MySql(conn) => {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
             for p in order
                 .unwrap_or_default()

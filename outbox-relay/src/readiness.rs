@@ -7,6 +7,7 @@
 
 use crate::sink::Sink;
 use crate::source::table::OutboxTable;
+use seaorm_outbox::TableName;
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -59,7 +60,8 @@ impl State {
             {
                 return Ok(());
             }
-            *connection = Some(OutboxTable::connect(database_url).await?);
+            // A ping: any table name will do.
+            *connection = Some(OutboxTable::connect(database_url, &TableName::DEFAULT).await?);
             connection.as_mut().expect("connected above").ping().await
         };
         let answer = tokio::time::timeout(READY_TIMEOUT, database).await;

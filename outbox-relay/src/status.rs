@@ -1,6 +1,7 @@
 //! `outbox-relay status`: how far behind the relay is.
 
-use crate::source::table::OutboxTable;
+use crate::source::table::{Connection, OutboxTable};
+use seaorm_outbox::TableName;
 use std::time::Duration;
 
 /// The outbox's backlog, as `outbox-relay status` prints it.
@@ -78,17 +79,17 @@ impl std::fmt::Display for Status {
 
 const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
-/// Reads the status of the outbox at `database_url`.
-pub async fn status(database_url: &str) -> Result<Status, sqlx::Error> {
-    status_on(&mut OutboxTable::connect(database_url).await?).await
+/// Reads the status of the outbox table `table` at `database_url`.
+pub async fn status(database_url: &str, table: &TableName) -> Result<Status, sqlx::Error> {
+    status_on(&mut OutboxTable::connect(database_url, table).await?).await
 }
 
 /// Reads the status over an open connection.
 pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::Error> {
     let (backlog, parked, oldest_seconds) = table.backlog().await?;
-    let wal_slots = match table {
-        OutboxTable::Postgres(conn) => crate::source::wal::slot::all_status(conn).await?,
-        OutboxTable::Sqlite(_) | OutboxTable::MySql(_) => Vec::new(),
+    let wal_slots = match &mut table.conn {
+        Connection::Postgres(conn) => crate::source::wal::slot::all_status(conn).await?,
+        Connection::Sqlite(_) | Connection::MySql(_) => Vec::new(),
     };
     Ok(Status {
         wal_slots,

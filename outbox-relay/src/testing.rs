@@ -36,7 +36,7 @@ use crate::error::SourceError;
 use crate::failed::ParkedEvent;
 use crate::sink::Message;
 use crate::sink::memory::MemorySink;
-use crate::source::table::OutboxTable;
+use crate::source::table::{Connection, OutboxTable};
 use crate::{Relay, RelayConfig};
 use seaorm_outbox::{Envelope, EnvelopeError};
 use std::time::Duration;
@@ -109,6 +109,7 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
     config.poll_interval = Duration::from_millis(10);
     config.retention = None;
     let url = config.database_url.clone();
+    let table_name = config.table.clone();
     let sink = MemorySink::default();
     let relay = Relay::new(config, sink.clone());
     relay.lock_sqlite().map_err(DrainError::Refused)?;
@@ -118,7 +119,7 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
     })?;
 
     let shutdown = CancellationToken::new();
-    let mut table = OutboxTable::connect(&url).await?;
+    let mut table = OutboxTable::connect(&url, &table_name).await?;
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     let running = relay.run(shutdown.clone());
     tokio::pin!(running);
@@ -155,7 +156,7 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
     outcome?;
     Ok(Drained {
         messages: sink.messages(),
-        parked: crate::failed::list(&url).await?,
+        parked: crate::failed::list(&url, &table_name).await?,
     })
 }
 
@@ -182,9 +183,10 @@ async fn publishable(table: &mut OutboxTable) -> Result<i64, sqlx::Error> {
                                  WHERE p.aggregate_type = o.aggregate_type
                                    AND p.aggregate_id = o.aggregate_id
                                    AND p.parked_at IS NOT NULL AND p.published_at IS NULL)";
-    match table {
-        OutboxTable::Postgres(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
-        OutboxTable::Sqlite(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
-        OutboxTable::MySql(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
+    let sql = crate::source::table::on(&table.name, sql, table.conn.backend());
+    match &mut table.conn {
+        Connection::Postgres(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
+        Connection::Sqlite(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
+        Connection::MySql(conn) => sqlx::query_scalar(sql).fetch_one(conn).await,
     }
 }

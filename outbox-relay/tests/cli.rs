@@ -282,6 +282,43 @@ fn bad_flags_urls_and_config_files_are_one_line_and_exit_2() {
 }
 
 #[test]
+fn bad_outbox_tables_are_one_line_and_exit_2() {
+    let pg = ["--database-url", "postgres://db/shop"];
+    let stdout = ["--sink", "stdout"];
+    usage_error(
+        &[&["run", "--table", "Billing"][..], &pg, &stdout].concat(),
+        "`Billing` is not an outbox table name: only lower-case ASCII letters",
+    );
+    usage_error(
+        &[&["status", "--table", "a.b.c"][..], &pg].concat(),
+        "at most one `.`",
+    );
+    usage_error(
+        &[&["failed", "--table", "1outbox"][..], &pg, &["list"]].concat(),
+        "starts with a digit",
+    );
+    usage_error(
+        &[
+            "migrate",
+            "--database-url",
+            "sqlite::memory:",
+            "--table",
+            "billing.outbox",
+        ],
+        "a schema-qualified table needs PostgreSQL",
+    );
+    usage_error(
+        &[
+            &["run", "--table", "billing_outbox", "--source", "wal"][..],
+            &pg,
+            &stdout,
+        ]
+        .concat(),
+        "--source wal reads the table outbox only",
+    );
+}
+
+#[test]
 fn help_and_version_exit_0() {
     let help = run(&["--help"]);
     assert!(help.status.success());

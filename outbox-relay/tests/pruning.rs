@@ -29,9 +29,13 @@ async fn prune_deletes_only_published_rows_past_retention() {
     .await
     .unwrap();
 
-    let deleted = seaorm_outbox_relay::prune(&f.url, Duration::from_secs(7 * 86400))
-        .await
-        .unwrap();
+    let deleted = seaorm_outbox_relay::prune(
+        &f.url,
+        &seaorm_outbox::TableName::DEFAULT,
+        Duration::from_secs(7 * 86400),
+    )
+    .await
+    .unwrap();
     assert_eq!(deleted, 3500);
     assert_eq!(f.scalar("SELECT count(*) FROM outbox").await, 21);
     assert_eq!(

@@ -19,6 +19,7 @@ mod services;
 use rdkafka::Message as _;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Headers;
+use seaorm_outbox::TableName;
 use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::{Value, json};
 use services::{Service, free_address};
@@ -177,7 +178,7 @@ async fn story(kind: Server) -> Result<(), AnyError> {
         json!({ "reason": "found it cheaper" }),
     )
     .await?;
-    let status = seaorm_outbox_relay::status(&orders_db).await?;
+    let status = seaorm_outbox_relay::status(&orders_db, &TableName::DEFAULT).await?;
     println!(
         "\n  The events committed with their changes and wait in the outbox: {} unpublished.",
         status.backlog
@@ -252,7 +253,7 @@ async fn sqlite_story() -> Result<(), AnyError> {
     request(&http, "POST", &ship, json!({ "carrier": "dhl" })).await?;
     println!(
         "\n  {}",
-        seaorm_outbox_relay::status(&url)
+        seaorm_outbox_relay::status(&url, &TableName::DEFAULT)
             .await?
             .to_string()
             .replace('\n', "\n  ")
@@ -503,7 +504,7 @@ async fn wait_for_duplicate(
 async fn wait_for_backlog(url: &str, backlog: i64) -> Result<(), AnyError> {
     let deadline = Instant::now() + PATIENCE;
     loop {
-        let status = seaorm_outbox_relay::status(url).await?;
+        let status = seaorm_outbox_relay::status(url, &TableName::DEFAULT).await?;
         if status.backlog == backlog {
             return Ok(());
         }

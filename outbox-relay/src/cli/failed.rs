@@ -14,17 +14,26 @@ pub(super) async fn failed(
 ) -> Result<ExitCode, UsageError> {
     let url = settings.database_url()?;
     let url = url.as_str();
+    let table = &settings.table()?;
     let result = match command {
-        FailedCommand::List => failed::list(url).await.map(|parked| print_parked(&parked)),
-        FailedCommand::Retry(select) => failed::retry(url, &selection(select)).await.map(|n| {
-            println!("{n} events will be retried");
-        }),
-        FailedCommand::Skip { select, reason } => failed::skip(url, &selection(select), &reason)
+        FailedCommand::List => failed::list(url, table)
             .await
-            .map(|n| {
-                tracing::warn!(skipped = n, %reason, "parked events skipped by an operator");
-                println!("{n} events skipped");
-            }),
+            .map(|parked| print_parked(&parked)),
+        FailedCommand::Retry(select) => {
+            failed::retry(url, table, &selection(select))
+                .await
+                .map(|n| {
+                    println!("{n} events will be retried");
+                })
+        }
+        FailedCommand::Skip { select, reason } => {
+            failed::skip(url, table, &selection(select), &reason)
+                .await
+                .map(|n| {
+                    tracing::warn!(skipped = n, %reason, "parked events skipped by an operator");
+                    println!("{n} events skipped");
+                })
+        }
     };
     Ok(match result {
         Ok(()) => ExitCode::SUCCESS,

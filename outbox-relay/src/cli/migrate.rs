@@ -5,7 +5,8 @@ use super::output::failure;
 use super::settings::Settings;
 use crate::database::Backend;
 use crate::redact_url;
-use crate::source::table::wakeup::NOTIFY_TRIGGER_SQL;
+use crate::source::table::wakeup::notify_trigger_sql;
+use seaorm_outbox::TableName;
 use std::process::ExitCode;
 
 pub(super) async fn migrate(
@@ -16,16 +17,24 @@ pub(super) async fn migrate(
     if notify_trigger && Backend::of(&url) != Backend::Postgres {
         return Err(UsageError("--notify-trigger needs PostgreSQL".into()));
     }
-    Ok(match apply(&url, notify_trigger).await {
+    let table = settings.table()?;
+    Ok(match apply(&url, &table, notify_trigger).await {
         Ok(()) => {
-            println!("outbox schema is up to date on {}", redact_url(&url));
+            println!(
+                "outbox schema is up to date on {} (table {table})",
+                redact_url(&url)
+            );
             ExitCode::SUCCESS
         }
         Err(e) => failure(&format!("migrate {}: {e}", redact_url(&url))),
     })
 }
 
-async fn apply(url: &str, notify_trigger: bool) -> Result<(), seaorm_outbox::sea_orm::DbErr> {
+async fn apply(
+    url: &str,
+    table: &TableName,
+    notify_trigger: bool,
+) -> Result<(), seaorm_outbox::sea_orm::DbErr> {
     use seaorm_outbox::sea_orm::{ConnectOptions, ConnectionTrait, Database};
     let (url, timeout) = crate::database::connect_timeout(url);
     let mut options = ConnectOptions::new(url);
@@ -34,9 +43,9 @@ async fn apply(url: &str, notify_trigger: bool) -> Result<(), seaorm_outbox::sea
         .connect_timeout(timeout)
         .acquire_timeout(timeout);
     let db = Database::connect(options).await?;
-    seaorm_outbox::migration::migrate(&db).await?;
+    seaorm_outbox::migration::migrate_table(&db, table).await?;
     if notify_trigger {
-        db.execute_unprepared(NOTIFY_TRIGGER_SQL).await?;
+        db.execute_unprepared(&notify_trigger_sql(table)).await?;
     }
     Ok(())
 }

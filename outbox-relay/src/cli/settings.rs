@@ -16,7 +16,7 @@ use crate::config::Wakeup;
 use crate::database::Backend;
 use crate::sink::SinkConfig;
 use clap::Args;
-use seaorm_outbox::Secret;
+use seaorm_outbox::{Secret, TableName};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -32,6 +32,9 @@ pub(super) struct DatabaseArgs {
     /// A file holding the database URL, such as a mounted secret.
     #[arg(long, env = "DATABASE_URL_FILE", global = true)]
     pub database_url_file: Option<PathBuf>,
+    /// The outbox table [default: outbox]; `schema.table` on PostgreSQL.
+    #[arg(long, env = "OUTBOX_TABLE", global = true)]
+    pub table: Option<String>,
 }
 
 /// Every setting: the `run` command's flags and the config file's keys.
@@ -39,6 +42,7 @@ pub(super) struct DatabaseArgs {
 /// ```toml
 /// # outbox-relay.toml
 /// database_url = "postgres://relay:${DB_PASSWORD}@db/shop?connect_timeout=3"
+/// table = "outbox"           # or "billing_outbox", or "billing.outbox" on PostgreSQL
 /// batch_size = 500
 /// max_batch_bytes = 16777216   # payload and header bytes per batch
 /// max_payload_bytes = 1000000  # larger rows are parked; match the broker's message.max.bytes
@@ -87,6 +91,10 @@ pub(super) struct Settings {
     /// A file holding the database URL, such as a mounted secret.
     #[arg(long, env = "DATABASE_URL_FILE", help_heading = "Database")]
     pub database_url_file: Option<PathBuf>,
+    /// The outbox table to publish [default: outbox]; `schema.table` on PostgreSQL. One relay
+    /// process publishes one table: run one per table.
+    #[arg(long, env = "OUTBOX_TABLE", help_heading = "Database")]
+    pub table: Option<String>,
     /// Rows per batch.
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub batch_size: Option<usize>,
@@ -459,6 +467,21 @@ impl SinkSettings {
 
 impl Settings {
     /// The database URL, checked.
+    /// The outbox table: `--table`, checked against the database's backend.
+    pub(super) fn table(&self) -> Result<TableName, UsageError> {
+        let Some(name) = &self.table else {
+            return Ok(TableName::DEFAULT);
+        };
+        let table = TableName::new(name.clone()).map_err(|e| UsageError(e.to_string()))?;
+        if table.schema().is_some() && Backend::of(&self.database_url()?) != Backend::Postgres {
+            return Err(UsageError(format!(
+                "--table {table}: a schema-qualified table needs PostgreSQL (on MySQL, a schema \
+                 is a database: name it in the URL)"
+            )));
+        }
+        Ok(table)
+    }
+
     pub(super) fn database_url(&self) -> Result<String, UsageError> {
         let url = self
             .database_url
@@ -547,6 +570,7 @@ impl Settings {
     /// The relay's configuration.
     pub(super) fn relay_config(&self) -> Result<RelayConfig, UsageError> {
         let mut config = RelayConfig::new(self.database_url()?);
+        config.table = self.table()?;
         if let Some(n) = self.batch_size {
             if n == 0 {
                 return Err(UsageError("batch size must be at least 1".into()));
@@ -603,6 +627,12 @@ impl Settings {
                 crate::Source::Table
             }
             SourceKind::Wal => {
+                if !config.table.is_default() {
+                    return Err(UsageError(format!(
+                        "--source wal reads the table outbox only; poll {} (--source table)",
+                        config.table
+                    )));
+                }
                 let default = crate::source::wal::WalSource::default();
                 let mut source = crate::source::wal::WalSource::new(
                     self.wal_slot.clone().unwrap_or(default.slot),

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 pub(super) async fn status(settings: &Settings) -> Result<ExitCode, UsageError> {
     let url = settings.database_url()?;
-    Ok(match crate::status(&url).await {
+    Ok(match crate::status(&url, &settings.table()?).await {
         Ok(status) => {
             println!("{status}");
             ExitCode::SUCCESS

@@ -118,9 +118,12 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
     let url = &config.database_url;
     let backend = Backend::of(url);
     match &config.source {
-        config::Source::Table if backend != Backend::Postgres => Ok(()),
+        // The WAL source serves `outbox` alone, so only it can be in a publication of ours.
+        config::Source::Table if backend != Backend::Postgres || !config.table.is_default() => {
+            Ok(())
+        }
         config::Source::Table => {
-            let mut table = OutboxTable::connect(url).await?;
+            let mut table = OutboxTable::connect(url, &config.table).await?;
             let conn = table.postgres().expect("a PostgreSQL URL");
             let publications = wal::publication::publications(conn).await?;
             let (ours, others): (Vec<_>, Vec<_>) = publications.iter().partition(|p| p.ours);
@@ -145,6 +148,11 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
             }
             Ok(())
         }
+        config::Source::Wal(_) if !config.table.is_default() => Err(SourceError::Refused(format!(
+            "the WAL source reads the table `outbox` only; publish `{}` by polling it (--source \
+             table)",
+            config.table
+        ))),
         config::Source::Wal(_) if backend != Backend::Postgres => Err(SourceError::Refused(
             "the WAL source needs PostgreSQL's logical replication; on SQLite and MySQL, poll the \
              table (--source table)"
@@ -160,8 +168,9 @@ pub(crate) fn spawn_background(config: &RelayConfig, tasks: &BackgroundTasks) {
     let (url, every) = (config.database_url.clone(), config.metrics_interval);
     let pruned = match &config.source {
         config::Source::Table => {
+            let table = config.table.clone();
             tasks.spawn("backlog sampler", move |stop| {
-                table::backlog::sample_backlog(url, every, stop)
+                table::backlog::sample_backlog(url, table, every, stop)
             });
             (config.mode == Mode::Mark).then_some(Pruned::Published)
         }
@@ -175,8 +184,9 @@ pub(crate) fn spawn_background(config: &RelayConfig, tasks: &BackgroundTasks) {
     };
     if let (Some(pruned), Some(retention)) = (pruned, config.retention) {
         let (url, every) = (config.database_url.clone(), config.prune_interval);
+        let table = config.table.clone();
         tasks.spawn("pruner", move |stop| {
-            prune::prune_periodically(url, pruned, retention, every, stop)
+            prune::prune_periodically(url, table, pruned, retention, every, stop)
         });
     }
 }

@@ -74,7 +74,10 @@ proptest! {
             }
             insert.execute(&mut conn).await.unwrap();
 
-            let mut table = OutboxTable::Sqlite(conn);
+            let mut table = OutboxTable {
+                conn: Connection::Sqlite(conn),
+                name: seaorm_outbox::TableName::DEFAULT,
+            };
             let limits = Limits { batch_size: 10, max_batch_bytes: 1 << 20, max_payload_bytes: 1 << 20 };
             let claim = table.claim(&limits, &[0], true, &[]).await.expect("the claim never fails");
             assert_eq!(claim.rows.len(), 1);
@@ -95,7 +98,7 @@ proptest! {
                 }
             }
             table.settle(&outcome, Mode::Mark).await.expect("settling by seq works");
-            let OutboxTable::Sqlite(conn) = &mut table else { unreachable!() };
+            let Connection::Sqlite(conn) = &mut table.conn else { unreachable!() };
             let (done,): (i64,) = sqlx::query_as(
                 "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL OR parked_at IS NOT NULL",
             )

@@ -2,17 +2,20 @@
 
 use super::{OutboxTable, every_tick};
 use crate::metrics;
+use seaorm_outbox::TableName;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Samples the backlog into its gauges every `every` until `shutdown`.
 pub(crate) async fn sample_backlog(
     database_url: String,
+    table: TableName,
     every: Duration,
     shutdown: CancellationToken,
 ) {
     every_tick(
         &database_url,
+        &table,
         every,
         shutdown,
         "sampling the backlog",

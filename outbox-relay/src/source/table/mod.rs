@@ -29,10 +29,12 @@ use crate::source::interface::Source;
 use crate::tasks::BackgroundTasks;
 use futures::future::BoxFuture;
 use leases::Leases;
-use sqlx::Connection;
+use seaorm_outbox::TableName;
+use sqlx::Connection as _;
 use sqlx::mysql::MySqlConnection;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
+use std::borrow::Cow;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
@@ -54,13 +56,16 @@ impl TableSource {
     /// Connects, joins the replicas (PostgreSQL and MySQL) and listens for new rows if asked to; the
     /// listener is one of `tasks`, and stops with them.
     pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, SourceError> {
-        let mut table = OutboxTable::connect(&config.database_url).await?;
+        let mut table = OutboxTable::connect(&config.database_url, &config.table).await?;
         if let Some(conn) = table.postgres() {
             crate::database::limit_statements(conn, config.statement_timeout).await?;
         }
         let leases = Leases::join(&mut table, config.lease_refresh).await?;
         let wakeups = match config.wakeup {
-            Wakeup::Notify => Some(wakeup::listen(&config.database_url, tasks).await?),
+            Wakeup::Notify => Some(
+                wakeup::listen(&config.database_url, &wakeup::channel(&config.table), tasks)
+                    .await?,
+            ),
             Wakeup::Poll => None,
         };
         Ok(TableSource {
@@ -132,20 +137,69 @@ impl Source for TableSource {
     }
 }
 
-/// One database connection of the relay. On PostgreSQL and MySQL it also holds the shard leases,
-/// so losing it loses them and the open claim together.
-pub(crate) enum OutboxTable {
+/// One database connection of the relay, and the outbox table it serves. On PostgreSQL and MySQL
+/// it also holds the shard leases, so losing it loses them and the open claim together.
+pub(crate) struct OutboxTable {
+    pub conn: Connection,
+    /// The table every statement reads and writes: the SQL in this module is written for
+    /// `outbox`, and [`on`] puts this table in its place.
+    pub name: TableName,
+}
+
+/// The connection of an [`OutboxTable`], on its backend.
+pub(crate) enum Connection {
     Postgres(PgConnection),
     Sqlite(SqliteConnection),
     MySql(MySqlConnection),
 }
 
+/// `sql`, written for the table `outbox`, on `table`, quoted as `backend` quotes. Safe to send: a
+/// [`TableName`] is checked to be identifiers only. For the default table the text is `sql`
+/// itself; another table's costs a rewrite per statement (a few microseconds; the server's
+/// prepared statement is still reused, as the text is the same every time).
+pub(crate) fn on(
+    table: &TableName,
+    sql: &'static str,
+    backend: Backend,
+) -> sqlx::AssertSqlSafe<Cow<'static, str>> {
+    let quote = if backend == Backend::MySql { '`' } else { '"' };
+    sqlx::AssertSqlSafe(table.rewrite(sql, quote))
+}
+
 impl OutboxTable {
-    /// Opens the relay's connection to `url` (`postgres://…`, `sqlite:…` or `mysql://…`),
-    /// failing after the URL's `connect_timeout` (see [`connect_timeout`]).
-    pub async fn connect(url: &str) -> Result<Self, sqlx::Error> {
-        match Backend::of(url) {
-            Backend::Sqlite => Ok(OutboxTable::Sqlite(SqliteConnection::connect(url).await?)),
+    /// Opens the relay's connection to `url` (`postgres://…`, `sqlite:…` or `mysql://…`) for
+    /// `table`, failing after the URL's `connect_timeout` (see [`connect_timeout`]).
+    pub async fn connect(url: &str, table: &TableName) -> Result<Self, sqlx::Error> {
+        let backend = Backend::of(url);
+        if table.schema().is_some() && backend != Backend::Postgres {
+            return Err(sqlx::Error::Configuration(
+                format!(
+                    "the outbox table `{table}` names a schema, which only PostgreSQL supports: \
+                     name a table without one"
+                )
+                .into(),
+            ));
+        }
+        Ok(OutboxTable {
+            conn: Connection::open(url, backend).await?,
+            name: table.clone(),
+        })
+    }
+}
+
+impl Connection {
+    /// The backend this connection is to.
+    pub fn backend(&self) -> Backend {
+        match self {
+            Connection::Postgres(_) => Backend::Postgres,
+            Connection::Sqlite(_) => Backend::Sqlite,
+            Connection::MySql(_) => Backend::MySql,
+        }
+    }
+
+    async fn open(url: &str, backend: Backend) -> Result<Self, sqlx::Error> {
+        match backend {
+            Backend::Sqlite => Ok(Connection::Sqlite(SqliteConnection::connect(url).await?)),
             Backend::MySql => {
                 let (url, timeout) = crate::database::connect_timeout(url);
                 let connect = async {
@@ -161,7 +215,7 @@ impl OutboxTable {
                             .execute(&mut conn)
                             .await?;
                     }
-                    Ok(OutboxTable::MySql(conn))
+                    Ok(Connection::MySql(conn))
                 };
                 crate::database::connected_within(timeout, connect).await
             }
@@ -170,11 +224,13 @@ impl OutboxTable {
                 sqlx::raw_sql(postgres::PG_SESSION)
                     .execute(&mut conn)
                     .await?;
-                Ok(OutboxTable::Postgres(conn))
+                Ok(Connection::Postgres(conn))
             }
         }
     }
+}
 
+impl OutboxTable {
     /// Claims the oldest unpublished rows of `shards` within `limits`, in `seq` order, skipping
     /// aggregates that have a row backing off, or a parked row when `hold_parked`, and the rows
     /// in `in_flight` (by `seq`). Each row is read on its own: a row that cannot be read comes back
@@ -189,10 +245,10 @@ impl OutboxTable {
         let rows = i64::try_from(limits.batch_size).unwrap_or(i64::MAX);
         let payload_bytes = i64::try_from(limits.max_payload_bytes).unwrap_or(i64::MAX);
         let batch_bytes = i64::try_from(limits.max_batch_bytes).unwrap_or(i64::MAX);
-        match self {
-            OutboxTable::Postgres(conn) => {
+        match &mut self.conn {
+            Connection::Postgres(conn) => {
                 let (rows, full) = read::read_rows(
-                    sqlx::query(postgres::PG_CLAIM)
+                    sqlx::query(on(&self.name, postgres::PG_CLAIM, Backend::Postgres))
                         .bind(shard_mask(shards))
                         .bind(rows)
                         .bind(hold_parked)
@@ -205,9 +261,9 @@ impl OutboxTable {
                 .await?;
                 Ok(Claim { rows, full })
             }
-            OutboxTable::Sqlite(conn) => {
+            Connection::Sqlite(conn) => {
                 let (rows, full) = read::read_rows(
-                    sqlx::query(sqlite::SQLITE_CLAIM)
+                    sqlx::query(on(&self.name, sqlite::SQLITE_CLAIM, Backend::Sqlite))
                         .bind(rows)
                         .bind(hold_parked)
                         .bind(payload_bytes)
@@ -219,9 +275,10 @@ impl OutboxTable {
                 .await?;
                 Ok(Claim { rows, full })
             }
-            OutboxTable::MySql(conn) => {
+            Connection::MySql(conn) => {
                 let (rows, full) = read::read_rows(
                     sqlx::raw_sql(sqlx::AssertSqlSafe(mysql::claim_statement(
+                        &self.name,
                         hold_parked,
                         &shard_mask(shards),
                         rows,
@@ -245,9 +302,10 @@ impl OutboxTable {
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let seconds = age.as_secs_f64();
-        let done = match self {
-            OutboxTable::Postgres(conn) => {
-                let query = sqlx::query(postgres::PRUNE_PUBLISHED);
+        let done = match &mut self.conn {
+            Connection::Postgres(conn) => {
+                let query =
+                    sqlx::query(on(&self.name, postgres::PRUNE_PUBLISHED, Backend::Postgres));
                 query
                     .bind(seconds)
                     .bind(limit)
@@ -255,8 +313,8 @@ impl OutboxTable {
                     .await?
                     .rows_affected()
             }
-            OutboxTable::Sqlite(conn) => {
-                let query = sqlx::query(sqlite::PRUNE_PUBLISHED);
+            Connection::Sqlite(conn) => {
+                let query = sqlx::query(on(&self.name, sqlite::PRUNE_PUBLISHED, Backend::Sqlite));
                 query
                     .bind(seconds)
                     .bind(limit)
@@ -264,9 +322,9 @@ impl OutboxTable {
                     .await?
                     .rows_affected()
             }
-            OutboxTable::MySql(conn) => {
+            Connection::MySql(conn) => {
                 let micros = i64::try_from(age.as_micros()).unwrap_or(i64::MAX);
-                let query = sqlx::query(mysql::PRUNE_PUBLISHED);
+                let query = sqlx::query(on(&self.name, mysql::PRUNE_PUBLISHED, Backend::MySql));
                 query
                     .bind(micros)
                     .bind(limit)
@@ -281,37 +339,51 @@ impl OutboxTable {
     /// Deletes up to `limit` rows (not parked, not held) whose id is below `below`: the WAL
     /// source's pruning, PostgreSQL only (0 on SQLite).
     pub async fn delete_read(&mut self, below: uuid::Uuid, limit: i64) -> Result<u64, sqlx::Error> {
-        let Some(conn) = self.postgres() else {
+        let Connection::Postgres(conn) = &mut self.conn else {
             return Ok(0);
         };
-        let query = sqlx::query(postgres::PRUNE_READ).bind(below).bind(limit);
+        let query = sqlx::query(on(&self.name, postgres::PRUNE_READ, Backend::Postgres))
+            .bind(below)
+            .bind(limit);
         Ok(query.execute(conn).await?.rows_affected())
     }
 
     /// The backlog (unpublished, not parked), the parked events, and the age in seconds of the
     /// oldest unpublished one.
     pub async fn backlog(&mut self) -> Result<(i64, i64, Option<f64>), sqlx::Error> {
-        match self {
-            OutboxTable::Postgres(conn) => sqlx::query_as(postgres::BACKLOG).fetch_one(conn).await,
-            OutboxTable::Sqlite(conn) => sqlx::query_as(sqlite::BACKLOG).fetch_one(conn).await,
-            OutboxTable::MySql(conn) => sqlx::query_as(mysql::BACKLOG).fetch_one(conn).await,
+        match &mut self.conn {
+            Connection::Postgres(conn) => {
+                sqlx::query_as(on(&self.name, postgres::BACKLOG, Backend::Postgres))
+                    .fetch_one(conn)
+                    .await
+            }
+            Connection::Sqlite(conn) => {
+                sqlx::query_as(on(&self.name, sqlite::BACKLOG, Backend::Sqlite))
+                    .fetch_one(conn)
+                    .await
+            }
+            Connection::MySql(conn) => {
+                sqlx::query_as(on(&self.name, mysql::BACKLOG, Backend::MySql))
+                    .fetch_one(conn)
+                    .await
+            }
         }
     }
 
     /// Checks that the database answers.
     pub async fn ping(&mut self) -> Result<(), sqlx::Error> {
-        match self {
-            OutboxTable::Postgres(conn) => conn.ping().await,
-            OutboxTable::Sqlite(conn) => conn.ping().await,
-            OutboxTable::MySql(conn) => conn.ping().await,
+        match &mut self.conn {
+            Connection::Postgres(conn) => conn.ping().await,
+            Connection::Sqlite(conn) => conn.ping().await,
+            Connection::MySql(conn) => conn.ping().await,
         }
     }
 
     /// The PostgreSQL connection, for the shard leases; `None` on SQLite and MySQL.
     pub fn postgres(&mut self) -> Option<&mut PgConnection> {
-        match self {
-            OutboxTable::Postgres(conn) => Some(conn),
-            OutboxTable::Sqlite(_) | OutboxTable::MySql(_) => None,
+        match &mut self.conn {
+            Connection::Postgres(conn) => Some(conn),
+            Connection::Sqlite(_) | Connection::MySql(_) => None,
         }
     }
 }
@@ -324,6 +396,7 @@ const TICK_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// and the task tried again at the next tick.
 pub(crate) async fn every_tick(
     database_url: &str,
+    table_name: &TableName,
     every: std::time::Duration,
     shutdown: tokio_util::sync::CancellationToken,
     what: &str,
@@ -332,7 +405,7 @@ pub(crate) async fn every_tick(
     let mut table = None;
     loop {
         if table.is_none() {
-            table = OutboxTable::connect(database_url).await.ok();
+            table = OutboxTable::connect(database_url, table_name).await.ok();
         }
         if let Some(connected) = table.as_mut() {
             // A database gone silent (its host vanished) neither holds the task forever nor
@@ -380,23 +453,29 @@ impl OutboxTable {
         if statements == 0 {
             return Ok(());
         }
-        match self {
-            OutboxTable::Postgres(conn) if alone => postgres::settle(conn, outcome, mode).await,
-            OutboxTable::Postgres(conn) => {
+        match &mut self.conn {
+            Connection::Postgres(conn) if alone => {
+                postgres::settle(conn, &self.name, outcome, mode).await
+            }
+            Connection::Postgres(conn) => {
                 let mut tx = conn.begin().await?;
-                postgres::settle(&mut tx, outcome, mode).await?;
+                postgres::settle(&mut tx, &self.name, outcome, mode).await?;
                 tx.commit().await
             }
-            OutboxTable::Sqlite(conn) if alone => sqlite::settle(conn, outcome, mode).await,
-            OutboxTable::Sqlite(conn) => {
+            Connection::Sqlite(conn) if alone => {
+                sqlite::settle(conn, &self.name, outcome, mode).await
+            }
+            Connection::Sqlite(conn) => {
                 let mut tx = conn.begin().await?;
-                sqlite::settle(&mut tx, outcome, mode).await?;
+                sqlite::settle(&mut tx, &self.name, outcome, mode).await?;
                 tx.commit().await
             }
-            OutboxTable::MySql(conn) if alone => mysql::settle(conn, outcome, mode).await,
-            OutboxTable::MySql(conn) => {
+            Connection::MySql(conn) if alone => {
+                mysql::settle(conn, &self.name, outcome, mode).await
+            }
+            Connection::MySql(conn) => {
                 let mut tx = conn.begin().await?;
-                mysql::settle(&mut tx, outcome, mode).await?;
+                mysql::settle(&mut tx, &self.name, outcome, mode).await?;
                 tx.commit().await
             }
         }

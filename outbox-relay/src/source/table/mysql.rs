@@ -4,6 +4,8 @@
 
 use super::Mode;
 use crate::batch::Outcome;
+use crate::database::Backend;
+use seaorm_outbox::TableName;
 use sqlx::mysql::MySqlConnection;
 
 /// Set on the relay's MySQL sessions: UTC for the times it writes and compares (the schema keeps
@@ -76,13 +78,14 @@ FROM sized s JOIN outbox o ON o.seq = s.seq
 WHERE s.running_bytes <= ? OR s.position = 1
 ORDER BY s.seq";
 
-/// [`MYSQL_CLAIM`] as the relay sends it, one text query: its parameters written in as
+/// [`MYSQL_CLAIM`] on `table` as the relay sends it, one text query: its parameters written in as
 /// literals (a bool, the mask in hex, integers), in their order, and the seqs `in_flight` added
 /// to its `NOT IN (0)` list. Not a prepared statement: with a text that changes every claim it
 /// would be prepared and closed each time, and sqlx sends the close as a packet of its own that
 /// the server never answers; measured so, commit-to-ack at 1,000 events/s went from 4 to 67 ms
 /// (p50) and batches of 100 drained at half the rate.
 pub(super) fn claim_statement(
+    table: &TableName,
     hold_parked: bool,
     shard_mask: &[u8],
     rows: i64,
@@ -103,7 +106,8 @@ pub(super) fn claim_statement(
         payload_bytes.to_string(),
         batch_bytes.to_string(),
     ];
-    let mut parts = MYSQL_CLAIM.split('?');
+    let sql = table.rewrite(MYSQL_CLAIM, '`');
+    let mut parts = sql.split('?');
     let mut claim = parts.next().unwrap_or_default().to_owned();
     for (value, part) in values.iter().zip(parts) {
         claim.push_str(value);
@@ -125,6 +129,7 @@ const IN_FLIGHT_NONE: &str = "o.seq NOT IN (0)";
 /// by `seq` (the primary key).
 pub(super) async fn settle(
     tx: &mut MySqlConnection,
+    table: &TableName,
     outcome: &Outcome,
     mode: Mode,
 ) -> Result<(), sqlx::Error> {
@@ -142,17 +147,19 @@ pub(super) async fn settle(
                      ON o.seq = p.seq"
             }
         };
-        sqlx::query(sql)
+        sqlx::query(super::on(table, sql, Backend::MySql))
             .bind(serde_json::to_string(&seqs).expect("integers serialize"))
             .execute(&mut *tx)
             .await?;
     }
     for (key, error, retry_in) in &outcome.failed {
-        sqlx::query(
+        sqlx::query(super::on(
+            table,
             "UPDATE outbox SET attempts = attempts + 1, last_error = ?,
                                retry_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND
              WHERE seq = ?",
-        )
+            Backend::MySql,
+        ))
         .bind(error)
         .bind(i64::try_from(retry_in.as_micros()).unwrap_or(i64::MAX))
         .bind(key.seq)
@@ -160,10 +167,12 @@ pub(super) async fn settle(
         .await?;
     }
     for (key, reason) in &outcome.parked {
-        sqlx::query(
+        sqlx::query(super::on(
+            table,
             "UPDATE outbox SET attempts = attempts + 1, last_error = ?, parked_at = UTC_TIMESTAMP(6)
              WHERE seq = ?",
-        )
+            Backend::MySql,
+        ))
         .bind(reason)
         .bind(key.seq)
         .execute(&mut *tx)
@@ -204,7 +213,15 @@ mod tests {
     fn the_claim_statement_writes_in_every_parameter_and_the_seqs_in_flight() {
         assert_eq!(MYSQL_CLAIM.matches('?').count(), 6);
         assert_eq!(MYSQL_CLAIM.matches(IN_FLIGHT_NONE).count(), 1);
-        let claim = claim_statement(true, &[0xff, 0x01], 500, 1_000, 4_000, &[7, 42]);
+        let claim = claim_statement(
+            &TableName::DEFAULT,
+            true,
+            &[0xff, 0x01],
+            500,
+            1_000,
+            4_000,
+            &[7, 42],
+        );
         assert!(!claim.contains('?'), "{claim}");
         assert!(claim.contains("WHERE TRUE AND p.parked_at"), "{claim}");
         assert!(claim.contains("SUBSTRING(X'FF01',"), "{claim}");
@@ -212,7 +229,7 @@ mod tests {
         assert_eq!(claim.matches("<= 1000").count(), 2, "{claim}");
         assert!(claim.contains("running_bytes <= 4000"), "{claim}");
         assert!(claim.contains("o.seq NOT IN (0,7,42)"), "{claim}");
-        let claim = claim_statement(false, &[], 1, 1, 1, &[]);
+        let claim = claim_statement(&TableName::DEFAULT, false, &[], 1, 1, 1, &[]);
         assert!(claim.contains("WHERE FALSE AND p.parked_at"), "{claim}");
         assert!(claim.contains("o.seq NOT IN (0)"), "{claim}");
     }

@@ -2,6 +2,8 @@
 
 use super::Mode;
 use crate::batch::Outcome;
+use crate::database::Backend;
+use seaorm_outbox::TableName;
 use sqlx::postgres::PgConnection;
 use uuid::Uuid;
 
@@ -95,6 +97,7 @@ ORDER BY s.seq";
 /// Writes a batch's outcome (in the caller's transaction).
 pub(super) async fn settle(
     tx: &mut PgConnection,
+    table: &TableName,
     outcome: &Outcome,
     mode: Mode,
 ) -> Result<(), sqlx::Error> {
@@ -111,13 +114,18 @@ pub(super) async fn settle(
             }
             Mode::Delete => "DELETE FROM outbox WHERE id = ANY($1)",
         };
-        sqlx::query(sql).bind(ids).execute(&mut *tx).await?;
+        sqlx::query(super::on(table, sql, Backend::Postgres))
+            .bind(ids)
+            .execute(&mut *tx)
+            .await?;
     }
     for (key, error, retry_in) in &outcome.failed {
-        sqlx::query(
+        sqlx::query(super::on(
+            table,
             "UPDATE outbox SET attempts = attempts + 1, last_error = $2, \
              retry_at = now() + make_interval(secs => $3) WHERE id = $1::uuid",
-        )
+            Backend::Postgres,
+        ))
         .bind(&key.id)
         .bind(error)
         .bind(retry_in.as_secs_f64())
@@ -125,9 +133,11 @@ pub(super) async fn settle(
         .await?;
     }
     for (key, reason) in &outcome.parked {
-        sqlx::query(
+        sqlx::query(super::on(
+            table,
             "UPDATE outbox SET attempts = attempts + 1, last_error = $2, parked_at = now() WHERE id = $1::uuid",
-        )
+            Backend::Postgres,
+        ))
         .bind(&key.id)
         .bind(reason)
         .execute(&mut *tx)

@@ -5,22 +5,29 @@
 //! the partial index `outbox_published`. In delete mode there is nothing to prune.
 
 use super::{OutboxTable, every_tick};
+use seaorm_outbox::TableName;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Rows deleted per statement.
 const PRUNE_BATCH: i64 = 1000;
 
-/// Deletes published rows older than `retention`, batch after batch, until none is left; returns
-/// how many it deleted.
+/// Deletes the published rows of the outbox table `table` older than `retention`, batch after
+/// batch, until none is left; returns how many it deleted.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), sqlx::Error> {
-/// let deleted = seaorm_outbox_relay::prune("postgres://localhost/shop", std::time::Duration::from_secs(7 * 86400)).await?;
+/// use seaorm_outbox::TableName;
+/// let week = std::time::Duration::from_secs(7 * 86400);
+/// let deleted = seaorm_outbox_relay::prune("postgres://localhost/shop", &TableName::DEFAULT, week).await?;
 /// # Ok(()) }
 /// ```
-pub async fn prune(database_url: &str, retention: Duration) -> Result<u64, sqlx::Error> {
-    let mut table = OutboxTable::connect(database_url).await?;
+pub async fn prune(
+    database_url: &str,
+    table: &TableName,
+    retention: Duration,
+) -> Result<u64, sqlx::Error> {
+    let mut table = OutboxTable::connect(database_url, table).await?;
     prune_on(&mut table, Pruned::Published, retention).await
 }
 
@@ -66,12 +73,13 @@ async fn prune_on(
 /// Prunes the `pruned` rows every `every` until `shutdown`.
 pub(crate) async fn prune_periodically(
     database_url: String,
+    table: TableName,
     pruned: Pruned,
     retention: Duration,
     every: Duration,
     shutdown: CancellationToken,
 ) {
-    every_tick(&database_url, every, shutdown, "pruning", |table| {
+    every_tick(&database_url, &table, every, shutdown, "pruning", |table| {
         Box::pin(async move {
             let deleted = prune_on(table, pruned, retention).await?;
             if deleted > 0 {

@@ -2,6 +2,8 @@
 
 use super::Mode;
 use crate::batch::Outcome;
+use crate::database::Backend;
+use seaorm_outbox::TableName;
 use sqlx::sqlite::SqliteConnection;
 
 /// The claim on SQLite, as [`PG_CLAIM`] (`?1` rows, `?2` hold parked, `?3` payload and `?4`
@@ -40,6 +42,7 @@ ORDER BY s.seq";
 /// Writes a batch's outcome (in the caller's transaction).
 pub(super) async fn settle(
     tx: &mut SqliteConnection,
+    table: &TableName,
     outcome: &Outcome,
     mode: Mode,
 ) -> Result<(), sqlx::Error> {
@@ -52,16 +55,18 @@ pub(super) async fn settle(
             }
             Mode::Delete => "DELETE FROM outbox WHERE seq IN (SELECT value FROM json_each(?1))",
         };
-        sqlx::query(sql)
+        sqlx::query(super::on(table, sql, Backend::Sqlite))
             .bind(serde_json::to_string(&seqs).expect("integers serialize"))
             .execute(&mut *tx)
             .await?;
     }
     for (key, error, retry_in) in &outcome.failed {
-        sqlx::query(
+        sqlx::query(super::on(
+            table,
             "UPDATE outbox SET attempts = attempts + 1, last_error = ?2, \
              retry_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%.3f seconds', ?3)) WHERE seq = ?1",
-        )
+            Backend::Sqlite,
+        ))
         .bind(key.seq)
         .bind(error)
         .bind(retry_in.as_secs_f64())
@@ -69,10 +74,12 @@ pub(super) async fn settle(
         .await?;
     }
     for (key, reason) in &outcome.parked {
-        sqlx::query(
+        sqlx::query(super::on(
+            table,
             "UPDATE outbox SET attempts = attempts + 1, last_error = ?2, \
              parked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE seq = ?1",
-        )
+            Backend::Sqlite,
+        ))
         .bind(key.seq)
         .bind(reason)
         .execute(&mut *tx)

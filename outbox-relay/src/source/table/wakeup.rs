@@ -5,14 +5,47 @@
 //! NOTIFY is off by default: PostgreSQL takes a database-wide lock at commit for every notifying
 //! transaction, which serializes the application's committing transactions. Measure it first.
 
+use seaorm_outbox::TableName;
 use sqlx::postgres::PgListener;
 use std::sync::Arc;
 use tokio::sync::Notify;
 
 pub use crate::config::Wakeup;
 
-/// The channel the trigger notifies.
+/// The channel the trigger of the default table notifies; another table's is its name.
 pub const CHANNEL: &str = "outbox";
+
+/// The channel the trigger of `table` notifies: its name (`outbox`, `billing.outbox`).
+pub fn channel(table: &TableName) -> String {
+    table.to_string()
+}
+
+/// [`NOTIFY_TRIGGER_SQL`] for `table`: its own function (in its schema) and trigger, notifying its
+/// own [`channel`], so a relay of one table is not woken by another's inserts.
+pub fn notify_trigger_sql(table: &TableName) -> String {
+    if table.is_default() {
+        return NOTIFY_TRIGGER_SQL.to_owned();
+    }
+    let function = match table.schema() {
+        Some(schema) => format!("\"{schema}\".\"{}_notify\"", table.name()),
+        None => format!("\"{}_notify\"", table.name()),
+    };
+    // A TableName is identifiers and dots only: safe inside the literal.
+    format!(
+        "
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{channel}', '');
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER \"{name}_notify\" AFTER INSERT ON {table}
+    FOR EACH STATEMENT EXECUTE FUNCTION {function}();
+",
+        channel = channel(table),
+        name = table.name(),
+        table = table.quoted('"'),
+    )
+}
 
 /// The optional trigger behind [`Wakeup::Notify`]: one notification per inserting statement
 /// (PostgreSQL folds identical ones within a transaction).
@@ -26,11 +59,12 @@ CREATE OR REPLACE TRIGGER outbox_notify AFTER INSERT ON outbox
     FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
 ";
 
-/// Starts listening on its own connection; the returned [`Notify`] fires on each notification.
+/// Starts listening to `channel` on its own connection; the returned [`Notify`] fires on each notification.
 /// The listener reconnects by itself; while it is down, the relay still polls. It is one of
 /// `tasks`, and stops, closing its connection, with them.
 pub(crate) async fn listen(
     database_url: &str,
+    channel: &str,
     tasks: &crate::tasks::BackgroundTasks,
 ) -> Result<Arc<Notify>, sqlx::Error> {
     let (options, timeout) = crate::database::postgres_options(database_url)?;
@@ -49,7 +83,7 @@ pub(crate) async fn listen(
         .connect_with(options)
         .await?;
     let mut listener = PgListener::connect_with(&pool).await?;
-    listener.listen(CHANNEL).await?;
+    listener.listen(channel).await?;
     let notify = Arc::new(Notify::new());
     let waker = Arc::clone(&notify);
     tasks.spawn("listener", move |stop| async move {

@@ -390,6 +390,7 @@ pub(crate) async fn sample_slot(
 ) {
     crate::source::table::every_tick(
         &database_url,
+        &seaorm_outbox::TableName::DEFAULT,
         every,
         shutdown,
         "sampling the slot",

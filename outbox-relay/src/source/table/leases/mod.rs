@@ -17,7 +17,7 @@ mod postgres;
 
 pub use mysql::MYSQL_LOCK_PREFIX;
 
-use super::OutboxTable;
+use super::{Connection, OutboxTable};
 use crate::error::SourceError;
 use std::time::{Duration, Instant};
 
@@ -50,11 +50,11 @@ enum Session<'a> {
 
 impl Locks {
     fn on<'a>(&'a self, table: &'a mut OutboxTable) -> Result<Session<'a>, SourceError> {
-        match (self, table) {
-            (Locks::Postgres(locks), OutboxTable::Postgres(conn)) => {
+        match (self, &mut table.conn) {
+            (Locks::Postgres(locks), Connection::Postgres(conn)) => {
                 Ok(Session::Postgres(locks, conn))
             }
-            (Locks::MySql(locks), OutboxTable::MySql(conn)) => Ok(Session::MySql(locks, conn)),
+            (Locks::MySql(locks), Connection::MySql(conn)) => Ok(Session::MySql(locks, conn)),
             _ => Err(SourceError::Refused(
                 "shard leases held on another database's connection".into(),
             )),
@@ -99,12 +99,14 @@ impl Leases {
         table: &mut OutboxTable,
         refresh_every: Duration,
     ) -> Result<Option<Self>, SourceError> {
-        let locks = match table {
-            OutboxTable::Postgres(conn) => {
-                Locks::Postgres(postgres::AdvisoryLocks::join(conn).await?)
+        let locks = match &mut table.conn {
+            Connection::Postgres(conn) => {
+                Locks::Postgres(postgres::AdvisoryLocks::join(conn, &table.name).await?)
             }
-            OutboxTable::MySql(conn) => Locks::MySql(mysql::NamedLocks::join(conn).await?),
-            OutboxTable::Sqlite(_) => return Ok(None),
+            Connection::MySql(conn) => {
+                Locks::MySql(mysql::NamedLocks::join(conn, &table.name).await?)
+            }
+            Connection::Sqlite(_) => return Ok(None),
         };
         Ok(Some(Leases {
             locks,

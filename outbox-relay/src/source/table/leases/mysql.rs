@@ -1,6 +1,7 @@
 //! Shard leases on MySQL and MariaDB: named locks (`GET_LOCK`, which belongs to the session, as a
 //! lease must), `<prefix>shard:<n>` for shard `n` and `<prefix>member:<k>` for membership slot `k`
-//! of 256. The prefix names the database ([`MYSQL_LOCK_PREFIX`]), as named locks are server-wide.
+//! of 256. The prefix names the database ([`MYSQL_LOCK_PREFIX`]) and, for another table than
+//! `outbox`, the table, as named locks are server-wide.
 //!
 //! MySQL lists no named locks that MariaDB lists too (`performance_schema.metadata_locks` is
 //! MySQL's, `metadata_lock_info` a MariaDB plugin), so the live replicas are counted by asking
@@ -8,6 +9,7 @@
 
 use super::SHARDS;
 use crate::error::SourceError;
+use seaorm_outbox::TableName;
 use sqlx::mysql::MySqlConnection;
 
 /// The prefix of every named lock of the relays of this database's outbox: `outbox-relay:`, the
@@ -16,6 +18,11 @@ use sqlx::mysql::MySqlConnection;
 /// <this>, 'shard:', 7))` names the connection that publishes shard 7.
 pub const MYSQL_LOCK_PREFIX: &str = "SELECT CONCAT('outbox-relay:', IF(CHAR_LENGTH(DATABASE()) <= 32, \
      DATABASE(), CONCAT(LEFT(DATABASE(), 19), '~', LEFT(MD5(DATABASE()), 12))), ':')";
+
+/// [`MYSQL_LOCK_PREFIX`] for an outbox table other than `outbox`: the database's name, `.` and the
+/// table's (`?`) take the database's place, shortened the same way.
+const MYSQL_TABLE_LOCK_PREFIX: &str = "SELECT CONCAT('outbox-relay:', IF(CHAR_LENGTH(s) <= 32, s, \
+     CONCAT(LEFT(s, 19), '~', LEFT(MD5(s), 12))), ':') FROM (SELECT CONCAT(DATABASE(), '.', ?) AS s) scope";
 
 /// The numbers 0 to 255, for the membership slots and the shards.
 const UP_TO_255: &str =
@@ -35,10 +42,17 @@ fn json(shards: &[i16]) -> String {
 
 impl NamedLocks {
     /// Takes a free membership slot.
-    pub async fn join(conn: &mut MySqlConnection) -> Result<Self, SourceError> {
-        let prefix: Option<String> = sqlx::query_scalar(MYSQL_LOCK_PREFIX)
-            .fetch_one(&mut *conn)
-            .await?;
+    pub async fn join(conn: &mut MySqlConnection, table: &TableName) -> Result<Self, SourceError> {
+        let prefix: Option<String> = if table.is_default() {
+            sqlx::query_scalar(MYSQL_LOCK_PREFIX)
+                .fetch_one(&mut *conn)
+                .await?
+        } else {
+            sqlx::query_scalar(MYSQL_TABLE_LOCK_PREFIX)
+                .bind(table.name())
+                .fetch_one(&mut *conn)
+                .await?
+        };
         let prefix = prefix.ok_or_else(|| {
             SourceError::Refused("the database URL names no database (mysql://…/DATABASE)".into())
         })?;

@@ -6,6 +6,7 @@
 
 use super::SHARDS;
 use crate::error::SourceError;
+use seaorm_outbox::TableName;
 use sqlx::postgres::PgConnection;
 
 /// Whether this session holds the membership lock `($1, $2)`.
@@ -46,14 +47,15 @@ impl AdvisoryLocks {
     /// Refused when the session does not keep what it took: a pooler in transaction mode
     /// (PgBouncer's `pool_mode = transaction`) hands each statement to any server session, so
     /// session locks would not be the relay's and two replicas could own one shard.
-    pub async fn join(conn: &mut PgConnection) -> Result<Self, SourceError> {
+    pub async fn join(conn: &mut PgConnection, table: &TableName) -> Result<Self, SourceError> {
         // First, on the simple protocol, which any pooler passes (prepared statements may not
         // survive one): do two statements run in one server session?
         if backend_pid(conn).await? != backend_pid(conn).await? {
             return Err(pooled());
         }
         let space: i32 =
-            sqlx::query_scalar("SELECT hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)")
+            sqlx::query_scalar("SELECT hashtext('outbox-relay:' || $1::regclass::oid::text)")
+                .bind(table.quoted('"'))
                 .fetch_one(&mut *conn)
                 .await?;
         let (member, backend) = loop {
