@@ -36,11 +36,20 @@ pub struct RelayConfig {
     /// `postgres://…` or `sqlite:…`. A PostgreSQL URL may end in `?connect_timeout=SECONDS`
     /// (libpq's parameter; default 5): how long a connection attempt may take.
     pub database_url: String,
-    /// The outbox table to publish: `outbox` by default; another (`billing_outbox`, or
-    /// `billing.outbox` on PostgreSQL) for an application that records into several. Each table
-    /// has shard leases of its own, so one relay per table (or [`Relay`](crate::Relay)s for several in
-    /// one process) never stand in each other's way. The WAL source reads `outbox` only.
-    pub table: seaorm_outbox::TableName,
+    /// The outbox tables to publish: `[outbox]` by default; others (`billing_outbox`, or
+    /// `billing.outbox` on PostgreSQL) for an application that records into several. The relay
+    /// runs one pump per table, all publishing through its one sink; each table has shard leases
+    /// of its own, so replicas share each table's work as they share one table's. The WAL source
+    /// reads `outbox` only.
+    ///
+    /// ```
+    /// use seaorm_outbox::TableName;
+    /// use seaorm_outbox_relay::RelayConfig;
+    ///
+    /// let mut config = RelayConfig::new("postgres://localhost/shop");
+    /// config.tables = vec![TableName::DEFAULT, TableName::new("billing_outbox").unwrap()];
+    /// ```
+    pub tables: Vec<seaorm_outbox::TableName>,
     /// Rows claimed and published per batch. Default 500.
     pub batch_size: usize,
     /// Payload and header bytes per batch, so the relay's memory is bounded by its settings
@@ -145,7 +154,7 @@ impl RelayConfig {
             lease_refresh: Duration::from_secs(1),
             max_backoff: Duration::from_secs(30),
             skip_parked: false,
-            table: seaorm_outbox::TableName::DEFAULT,
+            tables: vec![seaorm_outbox::TableName::DEFAULT],
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             prune_interval: Duration::from_secs(60),
             metrics_interval: Duration::from_secs(5),
@@ -161,7 +170,7 @@ impl std::fmt::Debug for RelayConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayConfig")
             .field("database_url", &redact_url(&self.database_url))
-            .field("table", &self.table)
+            .field("tables", &self.tables)
             .field("batch_size", &self.batch_size)
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("max_payload_bytes", &self.max_payload_bytes)

@@ -6,6 +6,7 @@ use crate::batch::Outcome;
 use crate::metrics;
 use crate::ordering::{Admission, Verdict, Waiting};
 use crate::outlet::Outlet;
+use crate::quiet::InFlightToken;
 use crate::row::OutboxRow;
 use crate::sink::{Ack, SinkError};
 use futures::FutureExt;
@@ -25,7 +26,9 @@ pub(crate) async fn send(
     if rows.is_empty() {
         return None;
     }
+    let _handing_over = outlet.quiet.handing_over().await;
     let mut batch = InFlight {
+        _counted: outlet.quiet.in_flight(),
         claimed: rows.len(),
         full,
         started,
@@ -168,6 +171,8 @@ pub(crate) struct InFlight {
     refused: Option<String>,
     /// Which rows were sent: what the answers are read against.
     admission: Admission,
+    /// Counted in flight until its answers are read (see `quiet.rs`).
+    _counted: InFlightToken,
 }
 
 impl InFlight {

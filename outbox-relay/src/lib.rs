@@ -48,6 +48,7 @@ pub mod metrics;
 mod ordering;
 mod outlet;
 mod pace;
+mod quiet;
 mod readiness;
 mod redact;
 mod relay;

@@ -3,17 +3,21 @@
 //!
 //! | metric | type | meaning |
 //! |---|---|---|
-//! | `outbox_backlog_events` | gauge | events waiting to be published (not parked) |
-//! | `outbox_oldest_unpublished_age_seconds` | gauge | age of the oldest of them |
-//! | `outbox_parked_events` | gauge | events parked as poison |
+//! | `outbox_backlog_events{table}` | gauge | events waiting to be published (not parked) |
+//! | `outbox_oldest_unpublished_age_seconds{table}` | gauge | age of the oldest of them |
+//! | `outbox_parked_events{table}` | gauge | events parked as poison |
 //! | `outbox_published_total{topic}` | counter | events acked by the broker |
 //! | `outbox_failures_total{kind}` | counter | `transient` and `permanent` publish failures, `database` errors |
 //! | `outbox_batch_size` | histogram | rows claimed per batch |
 //! | `outbox_batch_duration_seconds` | histogram | claim to commit, per batch |
 //! | `outbox_commit_to_ack_seconds` | histogram | from recording (`created_at`) to the broker's ack |
-//! | `outbox_shards_leased` | gauge | shards this replica publishes |
+//! | `outbox_shards_leased{table}` | gauge | shards of the table this replica publishes |
+//!
+//! `table` is one of the relay's tables (`RelayConfig::tables`), so its values are bounded by
+//! the configuration.
 
 use crate::batch::Outcome;
+use seaorm_outbox::TableName;
 use std::time::Duration;
 
 pub(crate) const BACKLOG: &str = "outbox_backlog_events";
@@ -120,16 +124,23 @@ pub(crate) fn database_error() {
     metrics::counter!(FAILURES, "kind" => "database").increment(1);
 }
 
-/// Records how many shards this replica leases.
-pub(crate) fn shards(n: usize) {
-    metrics::gauge!(SHARDS).set(n as f64);
+/// Records how many of `table`'s shards this replica leases.
+pub(crate) fn shards(table: &TableName, n: usize) {
+    metrics::gauge!(SHARDS, "table" => table.to_string()).set(n as f64);
 }
 
-/// Records a sample of the backlog (`outbox-relay status`'s figures).
-pub(crate) fn backlog_sampled(backlog: i64, parked: i64, oldest_unpublished: Option<Duration>) {
-    metrics::gauge!(BACKLOG).set(backlog as f64);
-    metrics::gauge!(PARKED).set(parked as f64);
-    metrics::gauge!(OLDEST_AGE).set(oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+/// Records a sample of `table`'s backlog (`outbox-relay status`'s figures).
+pub(crate) fn backlog_sampled(
+    table: &TableName,
+    backlog: i64,
+    parked: i64,
+    oldest_unpublished: Option<Duration>,
+) {
+    let table = table.to_string();
+    metrics::gauge!(BACKLOG, "table" => table.clone()).set(backlog as f64);
+    metrics::gauge!(PARKED, "table" => table.clone()).set(parked as f64);
+    metrics::gauge!(OLDEST_AGE, "table" => table)
+        .set(oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
 }
 
 /// Records a confirmed position of the WAL source: how old its transaction was (`None`: idle).

@@ -10,14 +10,17 @@ use crate::metrics;
 use crate::ordering::Waiting;
 use crate::outlet::Outlet;
 use crate::pace::Pace;
+use crate::quiet::QuietGate;
 use crate::readiness::Readiness;
 use crate::redact::redact_url;
 use crate::routing::Router;
 use crate::sink::Sink;
 use crate::source::{self, Opened, Source};
 use crate::tasks::BackgroundTasks;
+use seaorm_outbox::TableName;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Moves committed events from the outbox table to a [`Sink`], at least once, in order per
 /// aggregate.
@@ -45,6 +48,8 @@ pub struct Relay {
     sqlite_lock: std::sync::Mutex<Option<std::fs::File>>,
     /// What `/readyz` answers, kept between probes.
     readiness: Readiness,
+    /// The sink's quiet moment, shared by the pumps.
+    quiet: QuietGate,
 }
 
 impl Relay {
@@ -62,6 +67,7 @@ impl Relay {
             backend,
             sqlite_lock: std::sync::Mutex::new(None),
             readiness: Readiness::default(),
+            quiet: QuietGate::default(),
         }
     }
 
@@ -124,7 +130,10 @@ impl Relay {
             .await
     }
 
-    /// Runs until `shutdown` is cancelled, then returns after settling the batch in flight.
+    /// Runs until `shutdown` is cancelled, then returns after settling the batch in flight. Each
+    /// table of [`RelayConfig::tables`] has a pump of its own (its connection, leases, pace and
+    /// batches), all publishing through the one sink: one table's failures (a dropped
+    /// connection, a broker refusing its topic) hold only that table's events.
     ///
     /// It never gives up on what may pass: when the database or the broker fails, it logs, backs
     /// off (exponential, with jitter, up to `max_backoff`), reconnects and resumes where it
@@ -147,18 +156,47 @@ impl Relay {
         }
         // Background work, each on a connection of its own, stopped and awaited before returning.
         let tasks = BackgroundTasks::new(&shutdown);
-        source::spawn_background(&self.config, &tasks);
+        // One pump per table, all through the one sink. A refusal stops every pump: no retry can
+        // fix it, and a relay that went on without one of its tables would hide that.
+        let stop = shutdown.child_token();
+        let pumps = self.config.tables.iter().map(|table| {
+            let (stop, tasks) = (&stop, &tasks);
+            let pump = async move {
+                let outcome = self.pump(table, stop, tasks).await;
+                if outcome.is_err() {
+                    stop.cancel();
+                }
+                outcome
+            };
+            // At error level, so every line a pump logs names its table whatever the filter.
+            pump.instrument(tracing::error_span!("pump", %table))
+        });
+        let outcomes = futures::future::join_all(pumps).await;
+        tasks.stop().await;
+        outcomes.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+    }
+
+    /// One table's pump: opens its source, runs it, reconnects with a backoff when the database
+    /// fails, until `shutdown` or a refusal.
+    async fn pump(
+        &self,
+        table: &TableName,
+        shutdown: &CancellationToken,
+        tasks: &BackgroundTasks,
+    ) -> Result<(), SourceError> {
+        source::spawn_background(&self.config, table, tasks);
         let mut backoff = self.config.backoff();
         let mut standby = false;
-        let mut outcome = Ok(());
         while !shutdown.is_cancelled() {
             let mut connected = false;
-            let delay = match self.run_connected(&shutdown, &tasks, &mut connected).await {
+            let delay = match self
+                .run_connected(table, shutdown, tasks, &mut connected)
+                .await
+            {
                 Ok(()) => break,
                 Err(e) if !e.is_temporary() => {
                     tracing::error!(error = %e, "the relay stops");
-                    outcome = Err(e);
-                    break;
+                    return Err(e);
                 }
                 Err(SourceError::Standby(what)) => {
                     if !standby {
@@ -193,8 +231,7 @@ impl Relay {
                 () = shutdown.cancelled() => break,
             }
         }
-        tasks.stop().await;
-        outcome
+        Ok(())
     }
 
     /// One connection's life: open the source (join the replicas, or start reading the slot), then
@@ -208,13 +245,14 @@ impl Relay {
     /// batches are unsettled at any moment (`docs/design.md`, "Pipelining").
     async fn run_connected(
         &self,
+        table: &TableName,
         shutdown: &CancellationToken,
         tasks: &BackgroundTasks,
         connected: &mut bool,
     ) -> Result<(), SourceError> {
         // The listener lives as long as this connection: a reconnect drops it and starts another.
         let connection_tasks = tasks.child();
-        let mut source = Opened::open(&self.config, &connection_tasks).await?;
+        let mut source = Opened::open(&self.config, table, &connection_tasks).await?;
         tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");
         *connected = true;
         let outlet = self.outlet();
@@ -248,7 +286,7 @@ impl Relay {
                 source.rebalance().await?;
             }
             if quiet {
-                self.sink.quiet().await;
+                self.quiet.quiet(&*self.sink).await;
             }
             if let Some((until, interruptible)) = pace.wait() {
                 // The batch in flight is settled as soon as its answers are in (above).
@@ -366,6 +404,7 @@ impl Relay {
             config: &self.config,
             router: &self.router,
             sink: self.sink.as_ref(),
+            quiet: &self.quiet,
         }
     }
 

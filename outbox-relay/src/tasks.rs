@@ -37,16 +37,21 @@ impl BackgroundTasks {
         BackgroundTasks::new(&self.stop)
     }
 
-    /// Runs `task`, which must end soon after its stop token is cancelled.
+    /// Runs `task`, which must end soon after its stop token is cancelled. It logs in the
+    /// caller's span (a pump's, naming its table).
     pub fn spawn<F>(&self, name: &'static str, task: impl FnOnce(CancellationToken) -> F)
     where
         F: Future<Output = ()> + Send + 'static,
     {
+        use tracing::Instrument;
         let running = task(self.stop.clone());
-        self.tracker.spawn(async move {
-            running.await;
-            tracing::debug!(task = name, "background task ended");
-        });
+        self.tracker.spawn(
+            async move {
+                running.await;
+                tracing::debug!(task = name, "background task ended");
+            }
+            .in_current_span(),
+        );
     }
 
     /// Stops every task and waits for them to end (at most 10 s, then leaves the stragglers with a

@@ -52,7 +52,7 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Drained {
     /// Every message the relay published, in publish order: per aggregate, in `seq` order.
     pub messages: Vec<Message>,
-    /// Events the relay parked as poison (with their reasons), oldest first. Their aggregates'
+    /// Events the relay parked as poison (with their reasons), table by table, oldest first. Their aggregates'
     /// later events wait behind them and are not in `messages`.
     pub parked: Vec<ParkedEvent>,
 }
@@ -109,7 +109,7 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
     config.poll_interval = Duration::from_millis(10);
     config.retention = None;
     let url = config.database_url.clone();
-    let table_name = config.table.clone();
+    let table_names = config.tables.clone();
     let sink = MemorySink::default();
     let relay = Relay::new(config, sink.clone());
     relay.lock_sqlite().map_err(DrainError::Refused)?;
@@ -119,7 +119,10 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
     })?;
 
     let shutdown = CancellationToken::new();
-    let mut table = OutboxTable::connect(&url, &table_name).await?;
+    let mut tables = Vec::with_capacity(table_names.len());
+    for name in &table_names {
+        tables.push(OutboxTable::connect(&url, name).await?);
+    }
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     let running = relay.run(shutdown.clone());
     tokio::pin!(running);
@@ -136,7 +139,7 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
             }
             () = tokio::time::sleep(Duration::from_millis(10)) => {}
         }
-        match publishable(&mut table).await {
+        match publishable(&mut tables).await {
             Ok(0) => break Ok(()),
             Ok(left) if Instant::now() > deadline => {
                 break Err(DrainError::Timeout {
@@ -154,9 +157,13 @@ pub async fn drain_with(mut config: RelayConfig) -> Result<Drained, DrainError> 
         let _ = running.await;
     }
     outcome?;
+    let mut parked = Vec::new();
+    for name in &table_names {
+        parked.extend(crate::failed::list(&url, name).await?);
+    }
     Ok(Drained {
         messages: sink.messages(),
-        parked: crate::failed::list(&url, &table_name).await?,
+        parked,
     })
 }
 
@@ -174,9 +181,17 @@ pub fn envelope(message: &Message) -> Result<Envelope, EnvelopeError> {
     )
 }
 
-/// Events the relay could still publish: unpublished, not parked, not behind a parked event of
-/// their aggregate.
-async fn publishable(table: &mut OutboxTable) -> Result<i64, sqlx::Error> {
+/// Events the relay could still publish, in all its tables: unpublished, not parked, not behind a
+/// parked event of their aggregate.
+async fn publishable(tables: &mut [OutboxTable]) -> Result<i64, sqlx::Error> {
+    let mut left = 0;
+    for table in tables {
+        left += publishable_in(table).await?;
+    }
+    Ok(left)
+}
+
+async fn publishable_in(table: &mut OutboxTable) -> Result<i64, sqlx::Error> {
     let sql = "SELECT count(*) FROM outbox o
                WHERE o.published_at IS NULL AND o.parked_at IS NULL
                  AND NOT EXISTS (SELECT 1 FROM outbox p

@@ -316,6 +316,38 @@ fn bad_outbox_tables_are_one_line_and_exit_2() {
         .concat(),
         "--source wal reads the table outbox only",
     );
+    // A list: each name checked, none twice, none empty; `failed` takes one table.
+    usage_error(
+        &[
+            &["run", "--table", "outbox, billing_outbox,outbox"][..],
+            &pg,
+            &stdout,
+        ]
+        .concat(),
+        "--table lists outbox twice",
+    );
+    usage_error(
+        &[&["status", "--table", "outbox,"][..], &pg].concat(),
+        "--table: `` is not an outbox table name",
+    );
+    usage_error(
+        &[
+            &["failed", "--table", "outbox,billing_outbox"][..],
+            &pg,
+            &["list"],
+        ]
+        .concat(),
+        "this command works on one table at a time; --table lists outbox, billing_outbox",
+    );
+    usage_error(
+        &[
+            &["run", "--table", "outbox,billing_outbox", "--source", "wal"][..],
+            &pg,
+            &stdout,
+        ]
+        .concat(),
+        "--source wal reads the table outbox only; poll outbox, billing_outbox",
+    );
 }
 
 #[test]

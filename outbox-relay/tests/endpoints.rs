@@ -29,7 +29,7 @@ async fn metrics_count_what_was_published_and_readyz_checks_database_and_broker(
     let topic = f.topic("meter");
     for expected in [
         format!("outbox_published_total{{topic=\"{topic}\"}} 120"),
-        "outbox_shards_leased 256".to_owned(),
+        "outbox_shards_leased{table=\"outbox\"} 256".to_owned(),
         "outbox_batch_size_count 3".to_owned(),
         "outbox_commit_to_ack_seconds_count 120".to_owned(),
         "outbox_batch_duration_seconds_bucket{le=\"+Inf\"} 3".to_owned(),

@@ -87,14 +87,14 @@ async fn the_broker_stops_past_the_producers_timeout_and_nothing_is_lost() {
     let paused_at = Instant::now();
     let before = metric(
         &http_get_when_up(port, "/metrics").await.1,
-        "outbox_backlog_events",
+        "outbox_backlog_events{table=\"outbox\"}",
     );
     // The broker stays away past the producer's message.timeout.ms (30 s) while events keep being
     // recorded: librdkafka times out what it holds, then sends what it still queues.
     tokio::time::sleep(common::wal::PAST_THE_PRODUCERS_TIMEOUT).await;
     let during = metric(
         &http_get_when_up(port, "/metrics").await.1,
-        "outbox_backlog_events",
+        "outbox_backlog_events{table=\"outbox\"}",
     );
     assert!(
         relay.try_wait().unwrap().is_none(),
@@ -115,7 +115,7 @@ async fn the_broker_stops_past_the_producers_timeout_and_nothing_is_lost() {
     let deadline = Instant::now() + Duration::from_secs(30);
     while metric(
         &http_get_when_up(port, "/metrics").await.1,
-        "outbox_backlog_events",
+        "outbox_backlog_events{table=\"outbox\"}",
     ) > 0.0
     {
         assert!(

@@ -1,12 +1,13 @@
 //! Several outbox tables in one database, on real PostgreSQL, Kafka, SQLite and MariaDB: one relay
-//! per table, each publishing its own table's events to their topics in order, with shard leases
-//! of its own (two relays of two tables never split each other's shards), its own `status` and
-//! `failed` commands, and its own NOTIFY channel.
+//! process publishing several tables (one pump each, one table's failure leaving the others
+//! flowing), or one relay per table; each table's events to their topics in order, with shard
+//! leases of its own (two relays of two tables never split each other's shards), its own `status`
+//! and `failed` commands, and its own NOTIFY channel.
 
 mod common;
 
-use common::Fixture;
 use common::kafka::consume;
+use common::{Fixture, free_port, http_get_when_up};
 use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 use seaorm_outbox::{NewEvent, OutboxEvent};
 use serde::Serialize;
@@ -124,6 +125,160 @@ async fn two_tables_in_one_database_go_to_their_topics_in_order_each_through_its
         String::from_utf8_lossy(&status.stderr)
     );
     assert!(printed.contains("backlog:            0"), "{printed}");
+}
+
+/// Asserts each topic got every event of `expected`, in order per key; returns the duplicates.
+async fn assert_topics_complete_and_ordered(
+    f: &Fixture,
+    expected: &BTreeMap<&'static str, BTreeMap<String, Vec<u64>>>,
+) -> usize {
+    let mut duplicates = 0;
+    for (kind, keys) in expected {
+        let total = keys.values().map(Vec::len).sum();
+        let received = consume(&[&f.topic(kind)], total, Duration::from_secs(60)).await;
+        let received = received
+            .iter()
+            .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap()));
+        duplicates += common::assert_complete_and_ordered(received, keys);
+    }
+    duplicates
+}
+
+#[tokio::test]
+async fn one_relay_process_publishes_two_tables_each_in_order() {
+    let f = Fixture::new().await;
+    migrate_billing(&f.url, &[]);
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut relay = f.spawn_relay(&["--table", "outbox, billing_outbox", "--http-addr", &addr]);
+    // Recorded while the relay runs, transactions writing into both tables.
+    let expected = record_both(&f.db, 400).await;
+    let billing_left = "SELECT count(*) FROM billing_outbox WHERE published_at IS NULL";
+    f.wait_until_zero(billing_left, Duration::from_secs(120))
+        .await;
+    f.wait_until_drained(Duration::from_secs(120)).await;
+
+    // Each table's gauges under its name; each table's 256 shards leased by this one process.
+    let (_, metrics) = http_get_when_up(port, "/metrics").await;
+    for expected in [
+        r#"outbox_shards_leased{table="outbox"} 256"#,
+        r#"outbox_shards_leased{table="billing_outbox"} 256"#,
+        r#"outbox_backlog_events{table="billing_outbox"}"#,
+    ] {
+        assert!(
+            metrics.contains(expected),
+            "/metrics lacks {expected}:\n{metrics}"
+        );
+    }
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    let duplicates = assert_topics_complete_and_ordered(&f, &expected).await;
+    assert_eq!(duplicates, 0, "a clean run re-sent events");
+
+    // `status` of both: each under its name.
+    let status = common::relay_command()
+        .args([
+            "status",
+            "--database-url",
+            &f.url,
+            "--table",
+            "outbox,billing_outbox",
+        ])
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        printed.starts_with("table outbox:\nbacklog:            0"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("\n\ntable billing_outbox:\nbacklog:            0"),
+        "{printed}"
+    );
+}
+
+#[tokio::test]
+async fn a_table_locked_away_leaves_the_other_tables_pump_flowing() {
+    let f = Fixture::new().await;
+    migrate_billing(&f.url, &[]);
+    let mut expected: BTreeMap<&'static str, BTreeMap<String, Vec<u64>>> = BTreeMap::new();
+    let txn = f.db.begin().await.unwrap();
+    for n in 0..50 {
+        let invoice = InvoiceIssued {
+            invoice_id: n % 5,
+            n,
+        };
+        invoice.record(&txn).await.unwrap();
+        let key = (n % 5).to_string();
+        expected
+            .entry("invoice")
+            .or_default()
+            .entry(key)
+            .or_default()
+            .push(n);
+    }
+    txn.commit().await.unwrap();
+
+    // An operator's long migration holds `billing_outbox`: its pump's statements time out.
+    let lock = f.db.begin().await.unwrap();
+    lock.execute_unprepared("LOCK TABLE billing_outbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut relay = f.spawn_relay(&[
+        "--table",
+        "billing_outbox,outbox",
+        "--statement-timeout",
+        "500ms",
+    ]);
+    // The locked table's pump fails, saying so under its table's name...
+    let named = |log: &str| {
+        log.lines()
+            .any(|l| l.contains("database unavailable") && l.contains("table=billing_outbox"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !named(&relay.log()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no warning names the locked table:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ... and the other table's events go out meanwhile.
+    for n in 0..200 {
+        let txn = f.db.begin().await.unwrap();
+        OrderPlaced {
+            order_id: n % 10,
+            n,
+        }
+        .record(&txn)
+        .await
+        .unwrap();
+        txn.commit().await.unwrap();
+        let key = (n % 10).to_string();
+        expected
+            .entry("order")
+            .or_default()
+            .entry(key)
+            .or_default()
+            .push(n);
+    }
+    f.wait_until_drained(Duration::from_secs(60)).await;
+    assert!(
+        relay.try_wait().unwrap().is_none(),
+        "the relay exited while one of its tables was locked:\n{}",
+        relay.log()
+    );
+    lock.rollback().await.unwrap();
+    let billing_left = "SELECT count(*) FROM billing_outbox WHERE published_at IS NULL";
+    f.wait_until_zero(billing_left, Duration::from_secs(60))
+        .await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    assert_topics_complete_and_ordered(&f, &expected).await;
 }
 
 #[tokio::test]
@@ -280,6 +435,51 @@ async fn one_relay_publishes_its_table_alone(url: String, db: DatabaseConnection
         !String::from_utf8_lossy(&default.stdout).contains("payload too large"),
         "the default table lists another table's parked event"
     );
+
+    // Then one relay for both (on SQLite, which allows one relay per database, the only way to
+    // publish two tables): the default table's 30 go out, the parked invoice stays parked.
+    let mut relay = common::KillOnDrop::spawn_logged(
+        common::relay_command()
+            .args([
+                "run",
+                "--database-url",
+                &url,
+                "--table",
+                "billing_outbox,outbox",
+            ])
+            .args([
+                "--sink",
+                "stdout",
+                "--poll-interval",
+                "20ms",
+                "--http-addr",
+                "off",
+            ])
+            .args(["--max-payload-bytes", "200"])
+            .stdout(std::process::Stdio::piped()),
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let left = "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL AND parked_at IS NULL";
+    while count(&db, left).await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "outbox not drained in 60 s:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    let mut printed = String::new();
+    std::io::Read::read_to_string(relay.stdout.as_mut().unwrap(), &mut printed).unwrap();
+    assert_eq!(printed.lines().count(), 30, "{printed}");
+    assert!(
+        printed
+            .lines()
+            .all(|l| l.contains("\"aggregate_type\":\"order\"")),
+        "{printed}"
+    );
+    let parked = "SELECT count(*) AS n FROM billing_outbox WHERE parked_at IS NOT NULL";
+    assert_eq!(count(&db, parked).await, 1);
 }
 
 #[tokio::test]

@@ -17,17 +17,21 @@ pub(super) async fn migrate(
     if notify_trigger && Backend::of(&url) != Backend::Postgres {
         return Err(UsageError("--notify-trigger needs PostgreSQL".into()));
     }
-    let table = settings.table()?;
-    Ok(match apply(&url, &table, notify_trigger).await {
-        Ok(()) => {
-            println!(
+    for table in settings.tables()? {
+        match apply(&url, &table, notify_trigger).await {
+            Ok(()) => println!(
                 "outbox schema is up to date on {} (table {table})",
                 redact_url(&url)
-            );
-            ExitCode::SUCCESS
+            ),
+            Err(e) => {
+                return Ok(failure(&format!(
+                    "migrate {} (table {table}): {e}",
+                    redact_url(&url)
+                )));
+            }
         }
-        Err(e) => failure(&format!("migrate {}: {e}", redact_url(&url))),
-    })
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn apply(

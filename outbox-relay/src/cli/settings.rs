@@ -32,7 +32,8 @@ pub(super) struct DatabaseArgs {
     /// A file holding the database URL, such as a mounted secret.
     #[arg(long, env = "DATABASE_URL_FILE", global = true)]
     pub database_url_file: Option<PathBuf>,
-    /// The outbox table [default: outbox]; `schema.table` on PostgreSQL.
+    /// The outbox tables, comma-separated [default: outbox]; `schema.table` on PostgreSQL.
+    /// `failed` works on one table at a time.
     #[arg(long, env = "OUTBOX_TABLE", global = true)]
     pub table: Option<String>,
 }
@@ -42,7 +43,7 @@ pub(super) struct DatabaseArgs {
 /// ```toml
 /// # outbox-relay.toml
 /// database_url = "postgres://relay:${DB_PASSWORD}@db/shop?connect_timeout=3"
-/// table = "outbox"           # or "billing_outbox", or "billing.outbox" on PostgreSQL
+/// table = "outbox"           # or "outbox, billing_outbox", or "billing.outbox" on PostgreSQL
 /// batch_size = 500
 /// max_batch_bytes = 16777216   # payload and header bytes per batch
 /// max_payload_bytes = 1000000  # larger rows are parked; match the broker's message.max.bytes
@@ -91,8 +92,8 @@ pub(super) struct Settings {
     /// A file holding the database URL, such as a mounted secret.
     #[arg(long, env = "DATABASE_URL_FILE", help_heading = "Database")]
     pub database_url_file: Option<PathBuf>,
-    /// The outbox table to publish [default: outbox]; `schema.table` on PostgreSQL. One relay
-    /// process publishes one table: run one per table.
+    /// The outbox tables to publish, comma-separated [default: outbox]; `schema.table` on
+    /// PostgreSQL. One pump per table, all through the one sink.
     #[arg(long, env = "OUTBOX_TABLE", help_heading = "Database")]
     pub table: Option<String>,
     /// Rows per batch.
@@ -466,22 +467,42 @@ impl SinkSettings {
 }
 
 impl Settings {
-    /// The database URL, checked.
-    /// The outbox table: `--table`, checked against the database's backend.
-    pub(super) fn table(&self) -> Result<TableName, UsageError> {
-        let Some(name) = &self.table else {
-            return Ok(TableName::DEFAULT);
+    /// The outbox tables: `--table`'s list, each name checked against the database's backend,
+    /// none twice.
+    pub(super) fn tables(&self) -> Result<Vec<TableName>, UsageError> {
+        let Some(names) = &self.table else {
+            return Ok(vec![TableName::DEFAULT]);
         };
-        let table = TableName::new(name.clone()).map_err(|e| UsageError(e.to_string()))?;
-        if table.schema().is_some() && Backend::of(&self.database_url()?) != Backend::Postgres {
-            return Err(UsageError(format!(
-                "--table {table}: a schema-qualified table needs PostgreSQL (on MySQL, a schema \
-                 is a database: name it in the URL)"
-            )));
+        let mut tables: Vec<TableName> = Vec::new();
+        for name in names.split(',').map(str::trim) {
+            let table =
+                TableName::new(name.to_owned()).map_err(|e| UsageError(format!("--table: {e}")))?;
+            if table.schema().is_some() && Backend::of(&self.database_url()?) != Backend::Postgres {
+                return Err(UsageError(format!(
+                    "--table {table}: a schema-qualified table needs PostgreSQL (on MySQL, a \
+                     schema is a database: name it in the URL)"
+                )));
+            }
+            if tables.contains(&table) {
+                return Err(UsageError(format!("--table lists {table} twice")));
+            }
+            tables.push(table);
         }
-        Ok(table)
+        Ok(tables)
     }
 
+    /// The one outbox table a command works on (`failed`).
+    pub(super) fn table(&self) -> Result<TableName, UsageError> {
+        match <[TableName; 1]>::try_from(self.tables()?) {
+            Ok([table]) => Ok(table),
+            Err(tables) => Err(UsageError(format!(
+                "this command works on one table at a time; --table lists {}",
+                crate::source::list(&tables)
+            ))),
+        }
+    }
+
+    /// The database URL, checked.
     pub(super) fn database_url(&self) -> Result<String, UsageError> {
         let url = self
             .database_url
@@ -570,7 +591,7 @@ impl Settings {
     /// The relay's configuration.
     pub(super) fn relay_config(&self) -> Result<RelayConfig, UsageError> {
         let mut config = RelayConfig::new(self.database_url()?);
-        config.table = self.table()?;
+        config.tables = self.tables()?;
         if let Some(n) = self.batch_size {
             if n == 0 {
                 return Err(UsageError("batch size must be at least 1".into()));
@@ -627,10 +648,10 @@ impl Settings {
                 crate::Source::Table
             }
             SourceKind::Wal => {
-                if !config.table.is_default() {
+                if !matches!(&config.tables[..], [table] if table.is_default()) {
                     return Err(UsageError(format!(
                         "--source wal reads the table outbox only; poll {} (--source table)",
-                        config.table
+                        crate::source::list(&config.tables)
                     )));
                 }
                 let default = crate::source::wal::WalSource::default();

@@ -8,11 +8,22 @@ use std::process::ExitCode;
 
 pub(super) async fn status(settings: &Settings) -> Result<ExitCode, UsageError> {
     let url = settings.database_url()?;
-    Ok(match crate::status(&url, &settings.table()?).await {
-        Ok(status) => {
-            println!("{status}");
-            ExitCode::SUCCESS
+    let tables = settings.tables()?;
+    for (i, table) in tables.iter().enumerate() {
+        match crate::status(&url, table).await {
+            // One table's status as it always read; several, each under its name.
+            Ok(status) if tables.len() == 1 => println!("{status}"),
+            Ok(status) => {
+                let gap = if i == 0 { "" } else { "\n" };
+                println!("{gap}table {table}:\n{status}");
+            }
+            Err(e) => {
+                return Ok(failure(&format!(
+                    "status of {} (table {table}): {e}",
+                    redact_url(&url)
+                )));
+            }
         }
-        Err(e) => failure(&format!("status of {}: {e}", redact_url(&url))),
-    })
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -11,6 +11,7 @@ use crate::config::{self, Mode, RelayConfig};
 use crate::database::{Backend, answered_within};
 use crate::error::SourceError;
 use crate::tasks::BackgroundTasks;
+use seaorm_outbox::TableName;
 use std::time::Duration;
 use table::prune::{self, Pruned};
 use table::{OutboxTable, TableSource};
@@ -33,11 +34,15 @@ enum Kind {
 }
 
 impl Opened {
-    /// Connects the configured source; its connection-bound work (the table's listener) runs as
-    /// one of `tasks`.
-    pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, SourceError> {
+    /// Connects the configured source of `table`; its connection-bound work (the table's
+    /// listener) runs as one of `tasks`.
+    pub async fn open(
+        config: &RelayConfig,
+        table: &TableName,
+        tasks: &BackgroundTasks,
+    ) -> Result<Self, SourceError> {
         let source = match &config.source {
-            config::Source::Table => Kind::Table(TableSource::open(config, tasks).await?),
+            config::Source::Table => Kind::Table(TableSource::open(config, table, tasks).await?),
             config::Source::Wal(source) => {
                 Kind::Wal(Box::new(WalStream::open(config, source).await?))
             }
@@ -112,18 +117,33 @@ impl Source for Opened {
     }
 }
 
-/// Checks that the relay may publish the database's outbox from its configured source; see
+/// Checks that the relay may publish the database's outbox tables from its configured source; see
 /// [`Relay::check_source`](crate::Relay::check_source).
 pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
+    let tables = &config.tables;
+    if tables.is_empty() {
+        return Err(SourceError::Refused("no outbox table to publish".into()));
+    }
+    if let Some(twice) = tables
+        .iter()
+        .enumerate()
+        .find_map(|(i, t)| tables[..i].contains(t).then_some(t))
+    {
+        return Err(SourceError::Refused(format!(
+            "the table {twice} is listed twice: one pump per table"
+        )));
+    }
     let url = &config.database_url;
     let backend = Backend::of(url);
+    let only_default = matches!(&tables[..], [table] if table.is_default());
     match &config.source {
         // The WAL source serves `outbox` alone, so only it can be in a publication of ours.
-        config::Source::Table if backend != Backend::Postgres || !config.table.is_default() => {
-            Ok(())
-        }
+        config::Source::Table if backend != Backend::Postgres => Ok(()),
         config::Source::Table => {
-            let mut table = OutboxTable::connect(url, &config.table).await?;
+            let Some(default) = tables.iter().find(|t| t.is_default()) else {
+                return Ok(());
+            };
+            let mut table = OutboxTable::connect(url, default).await?;
             let conn = table.postgres().expect("a PostgreSQL URL");
             let publications = wal::publication::publications(conn).await?;
             let (ours, others): (Vec<_>, Vec<_>) = publications.iter().partition(|p| p.ours);
@@ -148,10 +168,9 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
             }
             Ok(())
         }
-        config::Source::Wal(_) if !config.table.is_default() => Err(SourceError::Refused(format!(
-            "the WAL source reads the table `outbox` only; publish `{}` by polling it (--source \
-             table)",
-            config.table
+        config::Source::Wal(_) if !only_default => Err(SourceError::Refused(format!(
+            "the WAL source reads the table `outbox` only; publish {} by polling (--source table)",
+            list(tables)
         ))),
         config::Source::Wal(_) if backend != Backend::Postgres => Err(SourceError::Refused(
             "the WAL source needs PostgreSQL's logical replication; on SQLite and MySQL, poll the \
@@ -162,13 +181,19 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
     }
 }
 
+/// `a, b`: tables for a message.
+pub(crate) fn list(tables: &[TableName]) -> String {
+    let names: Vec<String> = tables.iter().map(ToString::to_string).collect();
+    names.join(", ")
+}
+
 /// Starts the source's background work, each on a connection of its own: sampling its backlog
-/// (the table's unpublished rows, or the slot's lag) and pruning what it published.
-pub(crate) fn spawn_background(config: &RelayConfig, tasks: &BackgroundTasks) {
+/// (the table's unpublished rows, or the slot's lag) and pruning what it published from `table`.
+pub(crate) fn spawn_background(config: &RelayConfig, table: &TableName, tasks: &BackgroundTasks) {
     let (url, every) = (config.database_url.clone(), config.metrics_interval);
     let pruned = match &config.source {
         config::Source::Table => {
-            let table = config.table.clone();
+            let table = table.clone();
             tasks.spawn("backlog sampler", move |stop| {
                 table::backlog::sample_backlog(url, table, every, stop)
             });
@@ -184,7 +209,7 @@ pub(crate) fn spawn_background(config: &RelayConfig, tasks: &BackgroundTasks) {
     };
     if let (Some(pruned), Some(retention)) = (pruned, config.retention) {
         let (url, every) = (config.database_url.clone(), config.prune_interval);
-        let table = config.table.clone();
+        let table = table.clone();
         tasks.spawn("pruner", move |stop| {
             prune::prune_periodically(url, table, pruned, retention, every, stop)
         });

@@ -24,7 +24,7 @@ pub(crate) async fn sample_backlog(
                 let (backlog, parked, oldest_seconds) = table.backlog().await?;
                 let oldest = oldest_seconds
                     .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX));
-                metrics::backlog_sampled(backlog, parked, oldest);
+                metrics::backlog_sampled(&table.name, backlog, parked, oldest);
                 Ok(())
             })
         },

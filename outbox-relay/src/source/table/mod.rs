@@ -55,17 +55,20 @@ pub(crate) struct TableSource {
 impl TableSource {
     /// Connects, joins the replicas (PostgreSQL and MySQL) and listens for new rows if asked to; the
     /// listener is one of `tasks`, and stops with them.
-    pub async fn open(config: &RelayConfig, tasks: &BackgroundTasks) -> Result<Self, SourceError> {
-        let mut table = OutboxTable::connect(&config.database_url, &config.table).await?;
+    pub async fn open(
+        config: &RelayConfig,
+        name: &TableName,
+        tasks: &BackgroundTasks,
+    ) -> Result<Self, SourceError> {
+        let mut table = OutboxTable::connect(&config.database_url, name).await?;
         if let Some(conn) = table.postgres() {
             crate::database::limit_statements(conn, config.statement_timeout).await?;
         }
         let leases = Leases::join(&mut table, config.lease_refresh).await?;
         let wakeups = match config.wakeup {
-            Wakeup::Notify => Some(
-                wakeup::listen(&config.database_url, &wakeup::channel(&config.table), tasks)
-                    .await?,
-            ),
+            Wakeup::Notify => {
+                Some(wakeup::listen(&config.database_url, &wakeup::channel(name), tasks).await?)
+            }
             Wakeup::Poll => None,
         };
         Ok(TableSource {
@@ -123,7 +126,7 @@ impl Source for TableSource {
     async fn rebalance(&mut self) -> Result<(), SourceError> {
         if let Some(leases) = &mut self.leases {
             leases.refresh(&mut self.table).await?;
-            metrics::shards(leases.held().len());
+            metrics::shards(&self.table.name, leases.held().len());
         }
         Ok(())
     }
