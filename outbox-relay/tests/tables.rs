@@ -98,33 +98,26 @@ async fn two_tables_in_one_database_go_to_their_topics_in_order_each_through_its
     assert_eq!(common::terminate(&mut orders), Some(0));
     assert_eq!(common::terminate(&mut invoices), Some(0));
 
-    for kind in ["order", "invoice"] {
-        let received = consume(&[&f.topic(kind)], 400, Duration::from_secs(60)).await;
-        let received = received
-            .iter()
-            .map(|m| (m.key.clone(), m.json()["n"].as_u64().unwrap()));
-        let duplicates = common::assert_complete_and_ordered(received, &expected[kind]);
-        assert_eq!(duplicates, 0, "{kind}: a clean run re-sent events");
-    }
+    let duplicates = assert_topics_complete_and_ordered(&f, &expected).await;
+    assert_eq!(duplicates, 0, "a clean run re-sent events");
 
     // `status --table` reads that table.
+    let printed = status(&f.url, "billing_outbox");
+    assert!(printed.contains("backlog:            0"), "{printed}");
+}
+
+/// What `outbox-relay status --table tables` prints, which must succeed.
+fn status(url: &str, tables: &str) -> String {
     let status = common::relay_command()
-        .args([
-            "status",
-            "--database-url",
-            &f.url,
-            "--table",
-            "billing_outbox",
-        ])
+        .args(["status", "--database-url", url, "--table", tables])
         .output()
         .unwrap();
-    let printed = String::from_utf8_lossy(&status.stdout);
     assert!(
         status.status.success(),
         "{}",
         String::from_utf8_lossy(&status.stderr)
     );
-    assert!(printed.contains("backlog:            0"), "{printed}");
+    String::from_utf8_lossy(&status.stdout).into_owned()
 }
 
 /// Asserts each topic got every event of `expected`, in order per key; returns the duplicates.
@@ -175,22 +168,7 @@ async fn one_relay_process_publishes_two_tables_each_in_order() {
     assert_eq!(duplicates, 0, "a clean run re-sent events");
 
     // `status` of both: each under its name.
-    let status = common::relay_command()
-        .args([
-            "status",
-            "--database-url",
-            &f.url,
-            "--table",
-            "outbox,billing_outbox",
-        ])
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&status.stdout);
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
+    let printed = status(&f.url, "outbox,billing_outbox");
     assert!(
         printed.starts_with("table outbox:\nbacklog:            0"),
         "{printed}"
