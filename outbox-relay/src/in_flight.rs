@@ -36,6 +36,7 @@ pub(crate) async fn send(
         outcome: Outcome::default(),
         settled: Vec::with_capacity(rows.len()),
         refused: None,
+        timed_out: false,
         admission: Admission::new(waiting),
     };
     for row in rows {
@@ -169,6 +170,9 @@ pub(crate) struct InFlight {
     pub settled: Vec<i64>,
     /// Why the broker refuses the relay, if it did at enqueue.
     refused: Option<String>,
+    /// Whether a message went without an answer until its deadline: it may still be queued in
+    /// the sink's client.
+    timed_out: bool,
     /// Which rows were sent: what the answers are read against.
     admission: Admission,
     /// Counted in flight until its answers are read (see `quiet.rs`).
@@ -183,6 +187,7 @@ impl InFlight {
         for sent in &mut self.sent {
             if sent.answer.is_none() {
                 let answer = tokio::time::timeout_at(sent.answer_by, &mut sent.ack).await;
+                self.timed_out |= answer.is_err();
                 sent.answer = Some(answer.unwrap_or_else(|_| {
                     Err(SinkError::new(format!(
                         "no answer from the sink within {ack_timeout:?} (ack_timeout)"
@@ -190,6 +195,14 @@ impl InFlight {
                 }));
             }
         }
+    }
+
+    /// Awaits the answers of a batch the relay gives up on (its source was lost, so its rows will
+    /// be claimed and sent again): whether the sink answered for every message in time, so that
+    /// none is still queued in its client, to arrive after its own copy sent again.
+    pub async fn answered_in_full(mut self, ack_timeout: Duration) -> bool {
+        self.read_answers(ack_timeout).await;
+        !self.timed_out
     }
 
     /// Whether every answer is in, reading those that came without waiting for the others.
@@ -233,4 +246,70 @@ pub(crate) struct Answered {
     pub refused: Option<String>,
     /// The aggregates the next batch must hold.
     pub waiting: Waiting,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RelayConfig;
+    use crate::quiet::QuietGate;
+    use crate::routing::{DEFAULT_TOPIC_TEMPLATE, Router};
+    use crate::sink::{Message, Sink};
+    use futures::future::BoxFuture;
+
+    /// Answers every message at once, except those of key "silent", which it never answers.
+    struct SilentOn;
+
+    impl Sink for SilentOn {
+        fn name(&self) -> &str {
+            "silent on one key"
+        }
+        fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+            let ack: Ack = if message.key == "silent" {
+                Box::pin(std::future::pending())
+            } else {
+                Box::pin(std::future::ready(Ok(())))
+            };
+            Box::pin(std::future::ready(Ok(ack)))
+        }
+    }
+
+    async fn sent(keys: &[&str]) -> bool {
+        let mut config = RelayConfig::new("postgres://db/shop");
+        config.ack_timeout = Duration::from_millis(100);
+        let (router, quiet) = (
+            Router::new(DEFAULT_TOPIC_TEMPLATE, false),
+            QuietGate::default(),
+        );
+        let outlet = Outlet {
+            config: &config,
+            router: &router,
+            sink: &SilentOn,
+            quiet: &quiet,
+        };
+        let rows = (0..)
+            .zip(keys)
+            .map(|(seq, key)| {
+                let mut row = OutboxRow::for_test(key, seq, 0);
+                row.id = uuid::Uuid::now_v7().to_string();
+                row
+            })
+            .collect();
+        let batch = send(
+            &outlet,
+            rows,
+            false,
+            Waiting::default(),
+            std::time::Instant::now(),
+        )
+        .await
+        .expect("a batch in flight");
+        batch.answered_in_full(config.ack_timeout).await
+    }
+
+    #[tokio::test]
+    async fn a_batch_given_up_on_is_answered_in_full_only_when_no_answer_timed_out() {
+        assert!(sent(&["a", "b", "a"]).await);
+        assert!(!sent(&["a", "silent", "b"]).await);
+    }
 }

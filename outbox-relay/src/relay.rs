@@ -189,8 +189,9 @@ impl Relay {
         let mut standby = false;
         while !shutdown.is_cancelled() {
             let mut connected = false;
+            let mut in_flight = None;
             let delay = match self
-                .run_connected(table, shutdown, tasks, &mut connected)
+                .run_connected(table, shutdown, tasks, &mut connected, &mut in_flight)
                 .await
             {
                 Ok(()) => break,
@@ -209,10 +210,21 @@ impl Relay {
                 }
                 Err(e) => {
                     standby = false;
-                    // What was in flight is sent again after the reconnect: what the producer
-                    // still queues must not arrive after those copies.
-                    self.sink.purge();
                     metrics::database_error();
+                    // What was in flight is sent again after the reconnect, so none of it may
+                    // still be queued in the sink's client then, to arrive after its copy. Its
+                    // answers are awaited; only one that does not come in time has the client's
+                    // queue dropped, which drops other tables' messages too (they are sent again).
+                    if let Some(batch) = in_flight {
+                        tokio::select! {
+                            answered = batch.answered_in_full(self.config.ack_timeout) => {
+                                if !answered {
+                                    self.sink.purge();
+                                }
+                            }
+                            () = shutdown.cancelled() => break,
+                        }
+                    }
                     // A connection that worked ends the run of failures: the next outage starts
                     // again from the shortest wait, not where the last one left off.
                     if connected {
@@ -235,7 +247,8 @@ impl Relay {
     }
 
     /// One connection's life: open the source (join the replicas, or start reading the slot), then
-    /// claim, send and settle until shutdown or a database error. Sets `connected` once it runs.
+    /// claim, send and settle until shutdown or a database error. Sets `connected` once it runs;
+    /// leaves in `in_flight` the batch it sent and could not settle, if any.
     ///
     /// The loop is a two-stage pipeline: while the broker answers for the batch in flight, the
     /// database claims the next one; then the answers are read, the new batch is sent, and the
@@ -249,6 +262,7 @@ impl Relay {
         shutdown: &CancellationToken,
         tasks: &BackgroundTasks,
         connected: &mut bool,
+        in_flight: &mut Option<InFlight>,
     ) -> Result<(), SourceError> {
         // The listener lives as long as this connection: a reconnect drops it and starts another.
         let connection_tasks = tasks.child();
@@ -258,7 +272,6 @@ impl Relay {
         let outlet = self.outlet();
         let ack_timeout = self.config.ack_timeout;
         let mut pace = Pace::new(&self.config);
-        let mut in_flight: Option<InFlight> = None;
 
         loop {
             // Stopping, rebalancing, a quiet moment the sink asked for (to replace its producer)
@@ -329,7 +342,7 @@ impl Relay {
                         Some(Before::Answered(answers(&outlet, batch).await))
                     } else if claim.rows.is_empty() {
                         // Nothing new to send: it stays in flight, its answers read in the wait.
-                        in_flight = Some(batch);
+                        *in_flight = Some(batch);
                         pace.found_nothing();
                         continue;
                     } else {
@@ -349,7 +362,7 @@ impl Relay {
             };
 
             // Send the new batch; its answers are read on the next turn.
-            in_flight = send(&outlet, claim.rows, claim.full, waiting, started).await;
+            *in_flight = send(&outlet, claim.rows, claim.full, waiting, started).await;
 
             // Settle the batch before in one short transaction, while the broker works.
             if let Some(before) = before {

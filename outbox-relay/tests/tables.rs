@@ -8,11 +8,19 @@ mod common;
 
 use common::kafka::consume;
 use common::{Fixture, free_port, http_get_when_up};
+use futures::future::BoxFuture;
+use seaorm_outbox::TableName;
 use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
 use seaorm_outbox::{NewEvent, OutboxEvent};
+use seaorm_outbox_relay::Relay;
+use seaorm_outbox_relay::sink::memory::MemorySink;
+use seaorm_outbox_relay::sink::{Ack, Message, Sink, SinkError};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Serialize, OutboxEvent)]
 #[outbox(aggregate = "order", key = "order_id")]
@@ -251,12 +259,123 @@ async fn a_table_locked_away_leaves_the_other_tables_pump_flowing() {
         "the relay exited while one of its tables was locked:\n{}",
         relay.log()
     );
+    // None of the relay's sessions waits on the lock longer than its statement timeout: not the
+    // pump's, nor the backlog sampler's, which first tried when the relay started, seconds ago.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
+                   WHERE l.relation = 'billing_outbox'::regclass AND NOT l.granted \
+                     AND now() - a.query_start > interval '2 seconds'";
+    assert_eq!(
+        f.scalar(waiting).await,
+        0,
+        "a relay session waits on the locked table past its statement timeout"
+    );
     lock.rollback().await.unwrap();
     let billing_left = "SELECT count(*) FROM billing_outbox WHERE published_at IS NULL";
     f.wait_until_zero(billing_left, Duration::from_secs(60))
         .await;
     assert_eq!(common::terminate(&mut relay), Some(0));
     assert_topics_complete_and_ordered(&f, &expected).await;
+}
+
+/// A [`MemorySink`] that counts the purges the relay asks of it.
+#[derive(Clone, Default)]
+struct PurgesCounted {
+    kept: MemorySink,
+    purges: Arc<AtomicUsize>,
+}
+
+impl Sink for PurgesCounted {
+    fn name(&self) -> &str {
+        "purges counted"
+    }
+
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+        self.kept.enqueue(message)
+    }
+
+    fn purge(&self) {
+        self.purges.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn a_table_that_keeps_failing_never_purges_the_sink_the_others_share() {
+    let f = Fixture::new().await;
+    migrate_billing(&f.url, &[]);
+    let txn = f.db.begin().await.unwrap();
+    for n in 0..20 {
+        InvoiceIssued {
+            invoice_id: n % 5,
+            n,
+        }
+        .record(&txn)
+        .await
+        .unwrap();
+    }
+    txn.commit().await.unwrap();
+    // `billing_outbox` locked away: its pump's statements time out, it reconnects, again and again.
+    let lock = f.db.begin().await.unwrap();
+    lock.execute_unprepared("LOCK TABLE billing_outbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let mut config = f.relay_config();
+    config.tables = vec!["billing_outbox".parse().unwrap(), TableName::DEFAULT];
+    config.statement_timeout = Duration::from_millis(300);
+    // The sampler tries once, the pruner never: every other session on the table is the pump's.
+    config.metrics_interval = Duration::from_secs(3600);
+    config.retention = None;
+    let sink = PurgesCounted::default();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let (relay, shutdown) = (Relay::new(config, sink.clone()), shutdown.clone());
+        async move { relay.run(shutdown).await }
+    });
+    let txn = f.db.begin().await.unwrap();
+    for n in 0..100 {
+        OrderPlaced {
+            order_id: n % 10,
+            n,
+        }
+        .record(&txn)
+        .await
+        .unwrap();
+    }
+    txn.commit().await.unwrap();
+    f.wait_until_drained(Duration::from_secs(60)).await;
+
+    // Four sessions seen waiting on the lock, one at most the sampler's: the pump lost its
+    // connection and reconnected at least twice.
+    let mut waited = std::collections::BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while waited.len() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pump did not retry: {waited:?}"
+        );
+        let pids = "SELECT coalesce(max(pid), 0)::bigint FROM pg_locks \
+                    WHERE relation = 'billing_outbox'::regclass AND NOT granted";
+        waited.insert(f.scalar(pids).await);
+        waited.remove(&0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its failures had nothing in flight: purging the one sink would only have dropped what the
+    // other table's pump had queued.
+    assert_eq!(sink.purges.load(Ordering::SeqCst), 0);
+
+    lock.rollback().await.unwrap();
+    let billing_left = "SELECT count(*) FROM billing_outbox WHERE published_at IS NULL";
+    f.wait_until_zero(billing_left, Duration::from_secs(60))
+        .await;
+    shutdown.cancel();
+    running.await.unwrap().expect("the relay refused to run");
+    let ids: std::collections::HashSet<_> = sink
+        .kept
+        .messages()
+        .into_iter()
+        .map(|m| m.event_id)
+        .collect();
+    assert_eq!(ids.len(), 120, "each event of both tables published");
 }
 
 #[tokio::test]

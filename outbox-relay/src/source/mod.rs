@@ -14,7 +14,7 @@ use crate::tasks::BackgroundTasks;
 use seaorm_outbox::TableName;
 use std::time::Duration;
 use table::prune::{self, Pruned};
-use table::{OutboxTable, TableSource};
+use table::{OutboxTable, SessionConfig, TableSource};
 use tokio::time::Instant;
 use wal::WalStream;
 
@@ -190,28 +190,28 @@ pub(crate) fn list(tables: &[TableName]) -> String {
 /// Starts the source's background work, each on a connection of its own: sampling its backlog
 /// (the table's unpublished rows, or the slot's lag) and pruning what it published from `table`.
 pub(crate) fn spawn_background(config: &RelayConfig, table: &TableName, tasks: &BackgroundTasks) {
-    let (url, every) = (config.database_url.clone(), config.metrics_interval);
+    let (session, every) = (SessionConfig::of(config), config.metrics_interval);
     let pruned = match &config.source {
         config::Source::Table => {
             let table = table.clone();
             tasks.spawn("backlog sampler", move |stop| {
-                table::backlog::sample_backlog(url, table, every, stop)
+                table::backlog::sample_backlog(session, table, every, stop)
             });
             (config.mode == Mode::Mark).then_some(Pruned::Published)
         }
         config::Source::Wal(source) => {
             let slot = source.slot.clone();
             tasks.spawn("slot sampler", move |stop| {
-                wal::slot::sample_slot(url, slot, every, stop)
+                wal::slot::sample_slot(session, slot, every, stop)
             });
             Some(Pruned::Read)
         }
     };
     if let (Some(pruned), Some(retention)) = (pruned, config.retention) {
-        let (url, every) = (config.database_url.clone(), config.prune_interval);
+        let (session, every) = (SessionConfig::of(config), config.prune_interval);
         let table = table.clone();
         tasks.spawn("pruner", move |stop| {
-            prune::prune_periodically(url, table, pruned, retention, every, stop)
+            prune::prune_periodically(session, table, pruned, retention, every, stop)
         });
     }
 }

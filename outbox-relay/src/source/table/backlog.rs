@@ -1,6 +1,6 @@
 //! The backlog's gauges: how many rows wait, how many are parked, how old the oldest is.
 
-use super::{OutboxTable, every_tick};
+use super::{OutboxTable, SessionConfig, every_tick};
 use crate::metrics;
 use seaorm_outbox::TableName;
 use std::time::Duration;
@@ -8,13 +8,13 @@ use tokio_util::sync::CancellationToken;
 
 /// Samples the backlog into its gauges every `every` until `shutdown`.
 pub(crate) async fn sample_backlog(
-    database_url: String,
+    session: SessionConfig,
     table: TableName,
     every: Duration,
     shutdown: CancellationToken,
 ) {
     every_tick(
-        &database_url,
+        &session,
         &table,
         every,
         shutdown,

@@ -36,6 +36,7 @@ use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::Notify;
 
 pub use crate::config::Mode;
@@ -60,10 +61,7 @@ impl TableSource {
         name: &TableName,
         tasks: &BackgroundTasks,
     ) -> Result<Self, SourceError> {
-        let mut table = OutboxTable::connect(&config.database_url, name).await?;
-        if let Some(conn) = table.postgres() {
-            crate::database::limit_statements(conn, config.statement_timeout).await?;
-        }
+        let mut table = SessionConfig::of(config).open(name).await?;
         let leases = Leases::join(&mut table, config.lease_refresh).await?;
         let wakeups = match config.wakeup {
             Wakeup::Notify => {
@@ -187,6 +185,36 @@ impl OutboxTable {
             conn: Connection::open(url, backend).await?,
             name: table.clone(),
         })
+    }
+}
+
+/// How the relay's own sessions connect: the database, and how long one of their statements may
+/// run. Every session the relay runs on (the claim, the sampler, the pruner) is opened through it,
+/// so none waits on a locked table longer than the claim does.
+#[derive(Debug, Clone)]
+pub(crate) struct SessionConfig {
+    pub database_url: String,
+    pub statement_timeout: Duration,
+}
+
+impl SessionConfig {
+    pub fn of(config: &RelayConfig) -> Self {
+        SessionConfig {
+            database_url: config.database_url.clone(),
+            statement_timeout: config.statement_timeout,
+        }
+    }
+
+    /// Opens a session on `table`; on PostgreSQL its statements give up after the statement
+    /// timeout. Without it a statement blocked on a lock would wait for as long as the lock is
+    /// held, even after the relay gave up on it and closed the connection: the server notices a
+    /// closed client only when it answers, so each retry would leave another backend waiting.
+    pub async fn open(&self, table: &TableName) -> Result<OutboxTable, sqlx::Error> {
+        let mut table = OutboxTable::connect(&self.database_url, table).await?;
+        if let Some(conn) = table.postgres() {
+            crate::database::limit_statements(conn, self.statement_timeout).await?;
+        }
+        Ok(table)
     }
 }
 
@@ -398,7 +426,7 @@ const TICK_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 /// a failure. For the relay's background work (pruning, sampling the backlog): a failure is logged
 /// and the task tried again at the next tick.
 pub(crate) async fn every_tick(
-    database_url: &str,
+    session: &SessionConfig,
     table_name: &TableName,
     every: std::time::Duration,
     shutdown: tokio_util::sync::CancellationToken,
@@ -408,7 +436,7 @@ pub(crate) async fn every_tick(
     let mut table = None;
     loop {
         if table.is_none() {
-            table = OutboxTable::connect(database_url, table_name).await.ok();
+            table = session.open(table_name).await.ok();
         }
         if let Some(connected) = table.as_mut() {
             // A database gone silent (its host vanished) neither holds the task forever nor

@@ -4,7 +4,7 @@
 //! WAL until it commits, stalling writers (peers have shipped that bug). Each batch is found through
 //! the partial index `outbox_published`. In delete mode there is nothing to prune.
 
-use super::{OutboxTable, every_tick};
+use super::{OutboxTable, SessionConfig, every_tick};
 use seaorm_outbox::TableName;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -72,14 +72,14 @@ async fn prune_on(
 
 /// Prunes the `pruned` rows every `every` until `shutdown`.
 pub(crate) async fn prune_periodically(
-    database_url: String,
+    session: SessionConfig,
     table: TableName,
     pruned: Pruned,
     retention: Duration,
     every: Duration,
     shutdown: CancellationToken,
 ) {
-    every_tick(&database_url, &table, every, shutdown, "pruning", |table| {
+    every_tick(&session, &table, every, shutdown, "pruning", |table| {
         Box::pin(async move {
             let deleted = prune_on(table, pruned, retention).await?;
             if deleted > 0 {

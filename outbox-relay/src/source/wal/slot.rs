@@ -383,13 +383,13 @@ async fn unread_events(conn: &mut PgConnection, source: &WalSource) -> Result<u6
 
 /// Samples the slot into its gauges every `every` until `shutdown`.
 pub(crate) async fn sample_slot(
-    database_url: String,
+    session: crate::source::table::SessionConfig,
     slot: String,
     every: std::time::Duration,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     crate::source::table::every_tick(
-        &database_url,
+        &session,
         &seaorm_outbox::TableName::DEFAULT,
         every,
         shutdown,
