@@ -50,6 +50,14 @@ pub struct RelayConfig {
     /// config.tables = vec![TableName::DEFAULT, TableName::new("billing_outbox").unwrap()];
     /// ```
     pub tables: Vec<seaorm_outbox::TableName>,
+    /// Tenant databases (a database per tenant): with tenants, the relay publishes each of
+    /// [`tables`](Self::tables) in each tenant's database instead of in `database_url`, one pump
+    /// for each, so a tenant whose database fails holds only its own pumps. Their metrics carry a
+    /// `tenant` label. `database_url` stays the relay's own database (readiness checks it).
+    /// [`Tenants::None`](crate::Tenants::None) by default; polling source only.
+    pub tenants: crate::Tenants,
+    /// How often a tenants file is read again. Default 5 s.
+    pub tenants_reread: Duration,
     /// Rows claimed and published per batch. Default 500.
     pub batch_size: usize,
     /// Payload and header bytes per batch, so the relay's memory is bounded by its settings
@@ -155,6 +163,8 @@ impl RelayConfig {
             max_backoff: Duration::from_secs(30),
             skip_parked: false,
             tables: vec![seaorm_outbox::TableName::DEFAULT],
+            tenants: crate::Tenants::None,
+            tenants_reread: Duration::from_secs(5),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             prune_interval: Duration::from_secs(60),
             metrics_interval: Duration::from_secs(5),
@@ -171,6 +181,8 @@ impl std::fmt::Debug for RelayConfig {
         f.debug_struct("RelayConfig")
             .field("database_url", &redact_url(&self.database_url))
             .field("tables", &self.tables)
+            .field("tenants", &self.tenants)
+            .field("tenants_reread", &self.tenants_reread)
             .field("batch_size", &self.batch_size)
             .field("max_batch_bytes", &self.max_batch_bytes)
             .field("max_payload_bytes", &self.max_payload_bytes)

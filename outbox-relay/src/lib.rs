@@ -58,6 +58,7 @@ pub mod sink;
 mod source;
 mod status;
 mod tasks;
+mod tenants;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -77,3 +78,4 @@ pub use source::table::{
 };
 pub use source::wal;
 pub use status::{Status, status};
+pub use tenants::{Tenant, Tenants};

@@ -13,11 +13,11 @@
 //! | `outbox_commit_to_ack_seconds` | histogram | from recording (`created_at`) to the broker's ack |
 //! | `outbox_shards_leased{table}` | gauge | shards of the table this replica publishes |
 //!
-//! `table` is one of the relay's tables (`RelayConfig::tables`), so its values are bounded by
-//! the configuration.
+//! `table` is one of the relay's tables (`RelayConfig::tables`); with tenant databases
+//! (`RelayConfig::tenants`) the gauges labelled `table` carry a `tenant` label too. Both are
+//! bounded by the configuration.
 
 use crate::batch::Outcome;
-use seaorm_outbox::TableName;
 use std::time::Duration;
 
 pub(crate) const BACKLOG: &str = "outbox_backlog_events";
@@ -124,23 +124,23 @@ pub(crate) fn database_error() {
     metrics::counter!(FAILURES, "kind" => "database").increment(1);
 }
 
-/// Records how many of `table`'s shards this replica leases.
-pub(crate) fn shards(table: &TableName, n: usize) {
-    metrics::gauge!(SHARDS, "table" => table.to_string()).set(n as f64);
+/// Records how many of a table's shards this replica leases; `labels` name the table (and its
+/// tenant).
+pub(crate) fn shards(labels: &[(&'static str, String)], n: usize) {
+    metrics::gauge!(SHARDS, labels).set(n as f64);
 }
 
-/// Records a sample of `table`'s backlog (`outbox-relay status`'s figures).
+/// Records a sample of a table's backlog (`outbox-relay status`'s figures); `labels` name the
+/// table (and its tenant).
 pub(crate) fn backlog_sampled(
-    table: &TableName,
+    labels: &[(&'static str, String)],
     backlog: i64,
     parked: i64,
     oldest_unpublished: Option<Duration>,
 ) {
-    let table = table.to_string();
-    metrics::gauge!(BACKLOG, "table" => table.clone()).set(backlog as f64);
-    metrics::gauge!(PARKED, "table" => table.clone()).set(parked as f64);
-    metrics::gauge!(OLDEST_AGE, "table" => table)
-        .set(oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+    metrics::gauge!(BACKLOG, labels).set(backlog as f64);
+    metrics::gauge!(PARKED, labels).set(parked as f64);
+    metrics::gauge!(OLDEST_AGE, labels).set(oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
 }
 
 /// Records a confirmed position of the WAL source: how old its transaction was (`None`: idle).

@@ -17,7 +17,10 @@ use crate::routing::Router;
 use crate::sink::Sink;
 use crate::source::{self, Opened, Source};
 use crate::tasks::BackgroundTasks;
-use seaorm_outbox::TableName;
+use crate::tenants::Outbox;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use std::collections::{HashMap, HashSet};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -131,9 +134,10 @@ impl Relay {
     }
 
     /// Runs until `shutdown` is cancelled, then returns after settling the batch in flight. Each
-    /// table of [`RelayConfig::tables`] has a pump of its own (its connection, leases, pace and
-    /// batches), all publishing through the one sink: one table's failures (a dropped
-    /// connection, a broker refusing its topic) hold only that table's events.
+    /// table of [`RelayConfig::tables`] (in each of [`RelayConfig::tenants`]' databases, if it
+    /// names any) has a pump of its own (its connection, leases, pace and batches), all publishing
+    /// through the one sink: one table's failures (a dropped connection, a broker refusing its
+    /// topic) hold only that table's events.
     ///
     /// It never gives up on what may pass: when the database or the broker fails, it logs, backs
     /// off (exponential, with jitter, up to `max_backoff`), reconnects and resumes where it
@@ -156,49 +160,138 @@ impl Relay {
         }
         // Background work, each on a connection of its own, stopped and awaited before returning.
         let tasks = BackgroundTasks::new(&shutdown);
-        // One pump per table, all through the one sink. A refusal stops every pump: no retry can
-        // fix it, and a relay that went on without one of its tables would hide that.
-        let stop = shutdown.child_token();
-        let pumps = self.config.tables.iter().map(|table| {
-            let (stop, tasks) = (&stop, &tasks);
-            let pump = async move {
-                let outcome = self.pump(table, stop, tasks).await;
-                if outcome.is_err() {
-                    stop.cancel();
-                }
-                outcome
-            };
-            // At error level, so every line a pump logs names its table whatever the filter.
-            pump.instrument(tracing::error_span!("pump", %table))
-        });
-        let outcomes = futures::future::join_all(pumps).await;
+        let outcome = self.run_pumps(&shutdown, &tasks).await;
         tasks.stop().await;
-        outcomes.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+        outcome
     }
 
-    /// One table's pump: opens its source, runs it, reconnects with a backoff when the database
-    /// fails, until `shutdown` or a refusal.
-    async fn pump(
+    /// Runs one pump per outbox table (per tenant database), all through the one sink; with a
+    /// tenants file, starts and stops pumps as tenants come and go. Without tenants a refusal
+    /// stops every pump: no retry can fix it, and a relay that went on without one of its tables
+    /// would hide that. A tenant's refusal stops that tenant's pump alone, until its entry in the
+    /// list changes: one tenant never stops the others.
+    async fn run_pumps(
         &self,
-        table: &TableName,
         shutdown: &CancellationToken,
         tasks: &BackgroundTasks,
     ) -> Result<(), SourceError> {
-        source::spawn_background(&self.config, table, tasks);
+        let stop = shutdown.child_token();
+        let mut tenants = self
+            .config
+            .tenants
+            .read()
+            .await
+            .map_err(SourceError::Refused)?;
+        // Each running pump's number (a pump stopped and started again is another) and stop token.
+        let mut running: HashMap<Outbox, (u64, CancellationToken)> = HashMap::new();
+        let mut refused: HashSet<Outbox> = HashSet::new();
+        let mut pumps = FuturesUnordered::new();
+        let mut started = 0;
+        let mut outcome = Ok(());
+        let every = self.config.tenants_reread;
+        let mut reread = tokio::time::interval_at(Instant::now() + every, every);
+        reread.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if stop.is_cancelled() {
+                if pumps.is_empty() {
+                    break;
+                }
+            } else {
+                // The pumps of the outboxes listed now run; those of outboxes no longer listed stop.
+                let listed = Outbox::all(&self.config, tenants.as_deref());
+                running.retain(|outbox, (_, pump)| {
+                    let keep = listed.contains(outbox);
+                    if !keep {
+                        tracing::info!(tenant = %outbox.tenant.as_deref().unwrap_or_default(), table = %outbox.table, "no longer listed; releasing it");
+                        pump.cancel();
+                    }
+                    keep
+                });
+                refused.retain(|outbox| listed.contains(outbox));
+                for outbox in listed {
+                    if !running.contains_key(&outbox) && !refused.contains(&outbox) {
+                        started += 1;
+                        let pump = stop.child_token();
+                        running.insert(outbox.clone(), (started, pump.clone()));
+                        pumps.push(self.pumping(started, outbox, pump, tasks.child()));
+                    }
+                }
+            }
+            tokio::select! {
+                Some((number, outbox, pumped)) = pumps.next() => {
+                    if running.get(&outbox).is_some_and(|(n, _)| *n == number) {
+                        running.remove(&outbox);
+                    }
+                    if let Err(e) = pumped {
+                        if tenants.is_some() {
+                            tracing::error!(
+                                tenant = %outbox.tenant.as_deref().unwrap_or_default(), table = %outbox.table, error = %e,
+                                "refused; this tenant's table waits until its line in the tenants list changes"
+                            );
+                            refused.insert(outbox);
+                        } else {
+                            tracing::error!(table = %outbox.table, error = %e, "refused; the relay stops");
+                            stop.cancel();
+                            outcome = Err(e);
+                        }
+                    }
+                }
+                _ = reread.tick(), if self.config.tenants.rereads() && !stop.is_cancelled() => {
+                    match self.config.tenants.read().await {
+                        Ok(now) => tenants = now,
+                        Err(e) => tracing::error!(error = %e, "keeping the tenants the relay has"),
+                    }
+                }
+                () = stop.cancelled(), if pumps.is_empty() => {}
+            }
+        }
+        outcome
+    }
+
+    /// Pump number `number` of `outbox`, in a span naming its tenant and table, with background
+    /// tasks of its own stopped when it ends.
+    fn pumping(
+        &self,
+        number: u64,
+        outbox: Outbox,
+        stop: CancellationToken,
+        tasks: BackgroundTasks,
+    ) -> impl Future<Output = (u64, Outbox, Result<(), SourceError>)> + '_ {
+        // At error level, so every line a pump logs names its table whatever the filter.
+        let span =
+            tracing::error_span!("pump", tenant = tracing::field::Empty, table = %outbox.table);
+        if let Some(tenant) = &outbox.tenant {
+            span.record("tenant", tracing::field::display(tenant));
+        }
+        async move {
+            let pumped = self.pump(&outbox, &stop, &tasks).await;
+            tasks.stop().await;
+            (number, outbox, pumped)
+        }
+        .instrument(span)
+    }
+
+    /// One outbox table's pump: opens its source, runs it, reconnects with a backoff when the database
+    /// fails, until `shutdown` or a refusal.
+    async fn pump(
+        &self,
+        outbox: &Outbox,
+        shutdown: &CancellationToken,
+        tasks: &BackgroundTasks,
+    ) -> Result<(), SourceError> {
+        source::spawn_background(&self.config, outbox, tasks);
         let mut backoff = self.config.backoff();
         let mut standby = false;
         while !shutdown.is_cancelled() {
             let mut connected = false;
             let mut in_flight = None;
             let delay = match self
-                .run_connected(table, shutdown, tasks, &mut connected, &mut in_flight)
+                .run_connected(outbox, shutdown, tasks, &mut connected, &mut in_flight)
                 .await
             {
                 Ok(()) => break,
-                Err(e) if !e.is_temporary() => {
-                    tracing::error!(error = %e, "the relay stops");
-                    return Err(e);
-                }
+                // Logged by `run_pumps`, which decides what the refusal stops.
+                Err(e) if !e.is_temporary() => return Err(e),
                 Err(SourceError::Standby(what)) => {
                     if !standby {
                         tracing::info!(
@@ -232,7 +325,7 @@ impl Relay {
                     }
                     let delay = backoff.next().unwrap_or(self.config.max_backoff);
                     tracing::warn!(
-                        error = %e, retry_in = ?delay, database = %redact_url(&self.config.database_url),
+                        error = %e, retry_in = ?delay, database = %redact_url(&outbox.database_url),
                         "database unavailable; reconnecting"
                     );
                     delay
@@ -258,7 +351,7 @@ impl Relay {
     /// batches are unsettled at any moment (`docs/design.md`, "Pipelining").
     async fn run_connected(
         &self,
-        table: &TableName,
+        outbox: &Outbox,
         shutdown: &CancellationToken,
         tasks: &BackgroundTasks,
         connected: &mut bool,
@@ -266,8 +359,11 @@ impl Relay {
     ) -> Result<(), SourceError> {
         // The listener lives as long as this connection: a reconnect drops it and starts another.
         let connection_tasks = tasks.child();
-        let mut source = Opened::open(&self.config, table, &connection_tasks).await?;
-        tracing::info!(sink = self.sink.name(), database = %redact_url(&self.config.database_url), "relay running");
+        if outbox.tenant.is_some() {
+            source::check_tenant(&self.config, outbox).await?;
+        }
+        let mut source = Opened::open(&self.config, outbox, &connection_tasks).await?;
+        tracing::info!(sink = self.sink.name(), database = %redact_url(&outbox.database_url), "relay running");
         *connected = true;
         let outlet = self.outlet();
         let ack_timeout = self.config.ack_timeout;

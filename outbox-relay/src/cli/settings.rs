@@ -44,6 +44,7 @@ pub(super) struct DatabaseArgs {
 /// # outbox-relay.toml
 /// database_url = "postgres://relay:${DB_PASSWORD}@db/shop?connect_timeout=3"
 /// table = "outbox"           # or "outbox, billing_outbox", or "billing.outbox" on PostgreSQL
+/// # tenants = "/etc/outbox/tenants"  # tenant databases, one `name url` per line, read again every 5 s
 /// batch_size = 500
 /// max_batch_bytes = 16777216   # payload and header bytes per batch
 /// max_payload_bytes = 1000000  # larger rows are parked; match the broker's message.max.bytes
@@ -96,6 +97,10 @@ pub(super) struct Settings {
     /// PostgreSQL. One pump per table, all through the one sink.
     #[arg(long, env = "OUTBOX_TABLE", help_heading = "Database")]
     pub table: Option<String>,
+    /// Tenant databases: a file of one tenant per line, `name url`, read again every 5 s. The
+    /// relay publishes the tables in each tenant's database instead of --database-url's.
+    #[arg(long, env = "OUTBOX_TENANTS", help_heading = "Database")]
+    pub tenants: Option<PathBuf>,
     /// Rows per batch.
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub batch_size: Option<usize>,
@@ -592,6 +597,15 @@ impl Settings {
     pub(super) fn relay_config(&self) -> Result<RelayConfig, UsageError> {
         let mut config = RelayConfig::new(self.database_url()?);
         config.tables = self.tables()?;
+        if let Some(path) = &self.tenants {
+            crate::Tenants::check_file(path).map_err(UsageError)?;
+            if self.source == Some(SourceKind::Wal) {
+                return Err(UsageError(
+                    "--source wal reads one database; publish tenant databases by polling".into(),
+                ));
+            }
+            config.tenants = crate::Tenants::File(path.clone());
+        }
         if let Some(n) = self.batch_size {
             if n == 0 {
                 return Err(UsageError("batch size must be at least 1".into()));

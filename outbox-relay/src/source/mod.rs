@@ -11,6 +11,7 @@ use crate::config::{self, Mode, RelayConfig};
 use crate::database::{Backend, answered_within};
 use crate::error::SourceError;
 use crate::tasks::BackgroundTasks;
+use crate::tenants::{Outbox, Tenant};
 use seaorm_outbox::TableName;
 use std::time::Duration;
 use table::prune::{self, Pruned};
@@ -34,15 +35,15 @@ enum Kind {
 }
 
 impl Opened {
-    /// Connects the configured source of `table`; its connection-bound work (the table's
+    /// Connects the configured source of `outbox`; its connection-bound work (the table's
     /// listener) runs as one of `tasks`.
     pub async fn open(
         config: &RelayConfig,
-        table: &TableName,
+        outbox: &Outbox,
         tasks: &BackgroundTasks,
     ) -> Result<Self, SourceError> {
         let source = match &config.source {
-            config::Source::Table => Kind::Table(TableSource::open(config, table, tasks).await?),
+            config::Source::Table => Kind::Table(TableSource::open(config, outbox, tasks).await?),
             config::Source::Wal(source) => {
                 Kind::Wal(Box::new(WalStream::open(config, source).await?))
             }
@@ -133,7 +134,51 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
             "the table {twice} is listed twice: one pump per table"
         )));
     }
-    let url = &config.database_url;
+    match config.tenants.read().await.map_err(SourceError::Refused)? {
+        None => check_database(config, &config.database_url).await,
+        Some(tenants) => check_tenants(config, &tenants).await,
+    }
+}
+
+/// Checks the tenants' list. Each tenant's database is checked by its pumps, at each connection
+/// ([`check_tenant`]): one tenant down or refused does not keep the others from starting.
+async fn check_tenants(config: &RelayConfig, tenants: &[Tenant]) -> Result<(), SourceError> {
+    if let Some(twice) = tenants
+        .iter()
+        .enumerate()
+        .find_map(|(i, t)| tenants[..i].iter().any(|o| o.name == t.name).then_some(t))
+    {
+        return Err(SourceError::Refused(format!(
+            "the tenant {} is listed twice: one name per tenant",
+            twice.name
+        )));
+    }
+    if let config::Source::Wal(_) = config.source {
+        return Err(SourceError::Refused(
+            "the WAL source reads one database; publish tenant databases by polling (--source table)"
+                .into(),
+        ));
+    }
+    for tenant in tenants {
+        if Backend::of(&tenant.database_url) == Backend::Sqlite {
+            return Err(SourceError::Refused(format!(
+                "the tenant {} is a SQLite database, which allows one relay of its own: run one for it",
+                tenant.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that the relay may publish a tenant's outbox, as [`check`] checks the relay's own
+/// database: its pump calls it at each connection, so a tenant refused holds only itself.
+pub(crate) async fn check_tenant(config: &RelayConfig, outbox: &Outbox) -> Result<(), SourceError> {
+    check_database(config, &outbox.database_url).await
+}
+
+/// Checks that the relay may publish the outbox tables of the database at `url`.
+async fn check_database(config: &RelayConfig, url: &str) -> Result<(), SourceError> {
+    let tables = &config.tables;
     let backend = Backend::of(url);
     let only_default = matches!(&tables[..], [table] if table.is_default());
     match &config.source {
@@ -189,13 +234,13 @@ pub(crate) fn list(tables: &[TableName]) -> String {
 
 /// Starts the source's background work, each on a connection of its own: sampling its backlog
 /// (the table's unpublished rows, or the slot's lag) and pruning what it published from `table`.
-pub(crate) fn spawn_background(config: &RelayConfig, table: &TableName, tasks: &BackgroundTasks) {
-    let (session, every) = (SessionConfig::of(config), config.metrics_interval);
+pub(crate) fn spawn_background(config: &RelayConfig, outbox: &Outbox, tasks: &BackgroundTasks) {
+    let (session, every) = (SessionConfig::of(config, outbox), config.metrics_interval);
     let pruned = match &config.source {
         config::Source::Table => {
-            let table = table.clone();
+            let outbox = outbox.clone();
             tasks.spawn("backlog sampler", move |stop| {
-                table::backlog::sample_backlog(session, table, every, stop)
+                table::backlog::sample_backlog(session, outbox, every, stop)
             });
             (config.mode == Mode::Mark).then_some(Pruned::Published)
         }
@@ -208,8 +253,8 @@ pub(crate) fn spawn_background(config: &RelayConfig, table: &TableName, tasks: &
         }
     };
     if let (Some(pruned), Some(retention)) = (pruned, config.retention) {
-        let (session, every) = (SessionConfig::of(config), config.prune_interval);
-        let table = table.clone();
+        let (session, every) = (SessionConfig::of(config, outbox), config.prune_interval);
+        let table = outbox.table.clone();
         tasks.spawn("pruner", move |stop| {
             prune::prune_periodically(session, table, pruned, retention, every, stop)
         });

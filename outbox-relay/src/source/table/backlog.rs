@@ -2,29 +2,31 @@
 
 use super::{OutboxTable, SessionConfig, every_tick};
 use crate::metrics;
-use seaorm_outbox::TableName;
+use crate::tenants::Outbox;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Samples the backlog into its gauges every `every` until `shutdown`.
+/// Samples `outbox`'s backlog into its gauges every `every` until `shutdown`.
 pub(crate) async fn sample_backlog(
     session: SessionConfig,
-    table: TableName,
+    outbox: Outbox,
     every: Duration,
     shutdown: CancellationToken,
 ) {
+    let labels = outbox.labels();
     every_tick(
         &session,
-        &table,
+        &outbox.table,
         every,
         shutdown,
         "sampling the backlog",
         |table: &mut OutboxTable| {
+            let labels = labels.clone();
             Box::pin(async move {
                 let (backlog, parked, oldest_seconds) = table.backlog().await?;
                 let oldest = oldest_seconds
                     .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX));
-                metrics::backlog_sampled(&table.name, backlog, parked, oldest);
+                metrics::backlog_sampled(&labels, backlog, parked, oldest);
                 Ok(())
             })
         },

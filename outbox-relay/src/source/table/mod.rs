@@ -27,6 +27,7 @@ use crate::error::SourceError;
 use crate::metrics;
 use crate::source::interface::Source;
 use crate::tasks::BackgroundTasks;
+use crate::tenants::Outbox;
 use futures::future::BoxFuture;
 use leases::Leases;
 use seaorm_outbox::TableName;
@@ -51,6 +52,8 @@ pub(crate) struct TableSource {
     wakeups: Option<Arc<Notify>>,
     mode: Mode,
     hold_parked: bool,
+    /// Its metrics' labels: the table, and the tenant if any.
+    labels: Vec<(&'static str, String)>,
 }
 
 impl TableSource {
@@ -58,14 +61,17 @@ impl TableSource {
     /// listener is one of `tasks`, and stops with them.
     pub async fn open(
         config: &RelayConfig,
-        name: &TableName,
+        outbox: &Outbox,
         tasks: &BackgroundTasks,
     ) -> Result<Self, SourceError> {
-        let mut table = SessionConfig::of(config).open(name).await?;
+        let mut table = SessionConfig::of(config, outbox)
+            .open(&outbox.table)
+            .await?;
         let leases = Leases::join(&mut table, config.lease_refresh).await?;
         let wakeups = match config.wakeup {
             Wakeup::Notify => {
-                Some(wakeup::listen(&config.database_url, &wakeup::channel(name), tasks).await?)
+                let channel = wakeup::channel(&outbox.table);
+                Some(wakeup::listen(&outbox.database_url, &channel, tasks).await?)
             }
             Wakeup::Poll => None,
         };
@@ -75,6 +81,7 @@ impl TableSource {
             wakeups,
             mode: config.mode,
             hold_parked: !config.skip_parked,
+            labels: outbox.labels(),
         })
     }
 }
@@ -124,7 +131,7 @@ impl Source for TableSource {
     async fn rebalance(&mut self) -> Result<(), SourceError> {
         if let Some(leases) = &mut self.leases {
             leases.refresh(&mut self.table).await?;
-            metrics::shards(&self.table.name, leases.held().len());
+            metrics::shards(&self.labels, leases.held().len());
         }
         Ok(())
     }
@@ -198,9 +205,10 @@ pub(crate) struct SessionConfig {
 }
 
 impl SessionConfig {
-    pub fn of(config: &RelayConfig) -> Self {
+    /// The sessions of `outbox`'s database.
+    pub fn of(config: &RelayConfig, outbox: &Outbox) -> Self {
         SessionConfig {
-            database_url: config.database_url.clone(),
+            database_url: outbox.database_url.clone(),
             statement_timeout: config.statement_timeout,
         }
     }

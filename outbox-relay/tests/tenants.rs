@@ -1,0 +1,289 @@
+//! Tenant databases (`RelayConfig::tenants`) on a real PostgreSQL: one relay process publishes the
+//! outboxes of two databases, each tenant's events in order; a tenant whose database stops taking
+//! connections holds only its own pumps, and is published again once it is back.
+
+mod common;
+
+use common::Fixture;
+use seaorm_outbox::OutboxEvent;
+use seaorm_outbox::sea_orm::{ConnectionTrait, Database, DatabaseConnection, TransactionTrait};
+use seaorm_outbox_relay::sink::memory::MemorySink;
+use seaorm_outbox_relay::{Relay, Tenant, Tenants};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(aggregate = "account", key = "account_id")]
+struct Credited {
+    account_id: u64,
+    tenant: String,
+    n: u64,
+}
+
+/// Records `count` events of 5 accounts into `db`, numbered from `from`, in one transaction.
+async fn record(db: &DatabaseConnection, tenant: &str, from: u64, count: u64) {
+    let txn = db.begin().await.unwrap();
+    for n in from..from + count {
+        let event = Credited {
+            account_id: n % 5,
+            tenant: tenant.into(),
+            n,
+        };
+        event.record(&txn).await.unwrap();
+    }
+    txn.commit().await.unwrap();
+}
+
+/// A database of its own on the test server, migrated: its URL and a connection.
+async fn tenant_database(f: &Fixture, name: &str) -> (String, DatabaseConnection) {
+    f.db.execute_unprepared(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    let server = outbox_tests::postgres_url();
+    let url = format!("{}/{name}", &server[..server.rfind('/').unwrap()]);
+    let db = Database::connect(&url).await.unwrap();
+    seaorm_outbox::migration::migrate(&db).await.unwrap();
+    (url, db)
+}
+
+async fn unpublished(db: &DatabaseConnection) -> i64 {
+    outbox_tests::count(
+        db,
+        "SELECT count(*) AS n FROM outbox WHERE published_at IS NULL",
+    )
+    .await
+}
+
+async fn wait_published(db: &DatabaseConnection, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while unpublished(db).await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} was not published"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn one_relay_publishes_two_tenant_databases_and_a_tenant_down_holds_only_itself() {
+    let f = Fixture::new().await;
+    let name = format!("tenant_{}", seaorm_outbox::Uuid::now_v7().simple());
+    let (globex_url, globex) = tenant_database(&f, &name).await;
+    record(&f.db, "acme", 0, 100).await;
+    record(&globex, "globex", 0, 100).await;
+
+    let mut config = f.relay_config();
+    config.tenants = Tenants::List(vec![
+        Tenant::new("acme", f.url.clone()),
+        Tenant::new("globex", globex_url.clone()),
+    ]);
+    config.max_backoff = Duration::from_millis(500);
+    let sink = MemorySink::default();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let (relay, shutdown) = (Relay::new(config, sink.clone()), shutdown.clone());
+        async move { relay.run(shutdown).await }
+    });
+    wait_published(&f.db, "acme's outbox").await;
+    wait_published(&globex, "globex's outbox").await;
+
+    // Globex's database stops taking connections, and loses those it had (the relay's too).
+    globex.close().await.unwrap();
+    f.db.execute_unprepared(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+        .await
+        .unwrap();
+    f.db.execute_unprepared(&format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"
+    ))
+    .await
+    .unwrap();
+    // Acme's events go out meanwhile.
+    record(&f.db, "acme", 100, 100).await;
+    wait_published(&f.db, "acme's outbox, with globex down").await;
+    assert!(
+        !running.is_finished(),
+        "the relay stopped with a tenant down"
+    );
+
+    // Globex back: what it records is published.
+    f.db.execute_unprepared(&format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+        .await
+        .unwrap();
+    let globex = Database::connect(&globex_url).await.unwrap();
+    record(&globex, "globex", 100, 100).await;
+    wait_published(&globex, "globex's outbox, back").await;
+    shutdown.cancel();
+    running.await.unwrap().expect("the relay refused to run");
+
+    // Every event of each tenant, each account's first deliveries in order.
+    let mut received: BTreeMap<(String, String), Vec<u64>> = BTreeMap::new();
+    for message in sink.messages() {
+        let event: serde_json::Value = serde_json::from_slice(&message.payload).unwrap();
+        let tenant = event["tenant"].as_str().unwrap().to_owned();
+        let n = event["n"].as_u64().unwrap();
+        let seen = received.entry((tenant, message.key.clone())).or_default();
+        if !seen.contains(&n) {
+            seen.push(n);
+        }
+    }
+    assert_eq!(received.len(), 10, "{:?}", received.keys());
+    for ((tenant, key), ns) in &received {
+        let expected: Vec<u64> = (0..200).filter(|n| (n % 5).to_string() == *key).collect();
+        assert_eq!(ns, &expected, "tenant {tenant}, account {key}");
+    }
+    globex.close().await.unwrap();
+    f.db.execute_unprepared(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
+
+/// Shard leases `outbox-relay` holds on the outbox table that `db` names `outbox`.
+async fn leased(db: &DatabaseConnection) -> i64 {
+    outbox_tests::count(
+        db,
+        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND objid < 256 \
+           AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_tenant_added_to_the_file_is_served_and_one_removed_released_without_a_restart() {
+    let f = Fixture::new().await;
+    let name = format!("tenant_{}", seaorm_outbox::Uuid::now_v7().simple());
+    let (globex_url, globex) = tenant_database(&f, &name).await;
+    // Initech's outbox is a WAL relay's (its publication): polling it too would publish its
+    // events twice, so it is refused, alone.
+    let initech_name = format!("tenant_{}", seaorm_outbox::Uuid::now_v7().simple());
+    let (initech_url, initech) = tenant_database(&f, &initech_name).await;
+    initech
+        .execute_unprepared("CREATE PUBLICATION outbox_relay FOR TABLE outbox")
+        .await
+        .unwrap();
+    let tenants = outbox_tests::temp_dir().join("tenants");
+    let list = |names: &[&str]| {
+        let urls = [
+            ("acme", &f.url),
+            ("globex", &globex_url),
+            ("initech", &initech_url),
+        ];
+        let lines: Vec<String> = urls
+            .iter()
+            .filter(|(name, _)| names.contains(name))
+            .map(|(name, url)| format!("{name} {url}"))
+            .collect();
+        std::fs::write(&tenants, format!("# tenants\n{}\n", lines.join("\n"))).unwrap();
+    };
+
+    // A file the relay cannot use is one line and exit code 2, without the URL's password.
+    std::fs::write(
+        &tenants,
+        "acme postgres://relay:tenant-s3cret@db/acme sslmode=require\n",
+    )
+    .unwrap();
+    let refused = common::relay_command()
+        .args(["run", "--database-url", &f.url, "--tenants"])
+        .arg(&tenants)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("line 1: expected `name url`"), "{stderr}");
+    assert!(!stderr.contains("tenant-s3cret"), "{stderr}");
+    // So is the WAL source with tenants.
+    list(&["acme"]);
+    let wal = common::relay_command()
+        .args([
+            "run",
+            "--database-url",
+            &f.url,
+            "--source",
+            "wal",
+            "--tenants",
+        ])
+        .arg(&tenants)
+        .output()
+        .unwrap();
+    assert_eq!(wal.status.code(), Some(2), "{wal:?}");
+
+    list(&["acme", "initech"]);
+    record(&f.db, "acme", 0, 50).await;
+    record(&globex, "globex", 0, 50).await;
+    record(&initech, "initech", 0, 5).await;
+    let tenants_arg = tenants.to_str().unwrap();
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut relay = f.spawn_relay(&["--tenants", tenants_arg, "--http-addr", &addr]);
+    wait_published(&f.db, "acme's outbox").await;
+    assert_eq!(
+        unpublished(&globex).await,
+        50,
+        "globex published before it was listed"
+    );
+    let initech_refused = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("refused") && l.contains("tenant=initech") && l.contains("publication")
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !initech_refused(&relay.log()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "initech not refused:\n{}",
+            relay.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Globex added: served without a restart.
+    list(&["acme", "globex", "initech"]);
+    wait_published(&globex, "globex's outbox, once listed").await;
+    // Each tenant's gauges under its name.
+    let (_, metrics) = common::http_get_when_up(port, "/metrics").await;
+    for tenant in ["acme", "globex"] {
+        let leased = format!(r#"outbox_shards_leased{{table="outbox",tenant="{tenant}"}} 256"#);
+        assert!(
+            metrics.contains(&leased),
+            "/metrics lacks {leased}:\n{metrics}"
+        );
+    }
+
+    // Acme removed: its pump leaves, releasing its shards, and what it records waits.
+    assert_eq!(leased(&f.db).await, 256);
+    list(&["globex", "initech"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while leased(&f.db).await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "acme's shards were not released"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    record(&f.db, "acme", 50, 10).await;
+    record(&globex, "globex", 50, 10).await;
+    wait_published(&globex, "globex's outbox, after acme left").await;
+    assert_eq!(
+        unpublished(&f.db).await,
+        10,
+        "acme published after it was removed"
+    );
+    assert_eq!(leased(&globex).await, 256);
+    assert_eq!(
+        unpublished(&initech).await,
+        5,
+        "initech's outbox was polled"
+    );
+    assert!(relay.try_wait().unwrap().is_none(), "{}", relay.log());
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    for (db, name) in [(globex, name), (initech, initech_name)] {
+        db.close().await.unwrap();
+        f.db.execute_unprepared(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .await
+            .unwrap();
+    }
+}
