@@ -89,14 +89,12 @@ impl Tenants {
         }
     }
 
-    /// Reads a tenants file now, for a configuration checked before the relay starts: what
-    /// [`read`](Self::read) would say of it.
-    pub(crate) fn check_file(path: &std::path::Path) -> Result<(), String> {
+    /// Reads a tenants file now, for the commands and for a configuration checked before the
+    /// relay starts: what [`read`](Self::read) would say of it.
+    pub(crate) fn read_file(path: &std::path::Path) -> Result<Vec<Tenant>, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the tenants file {}: {e}", path.display()))?;
-        parse(&text)
-            .map(drop)
-            .map_err(|e| format!("the tenants file {}: {e}", path.display()))
+        parse(&text).map_err(|e| format!("the tenants file {}: {e}", path.display()))
     }
 
     /// Whether the list can change while the relay runs.

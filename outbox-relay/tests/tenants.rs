@@ -280,6 +280,40 @@ async fn a_tenant_added_to_the_file_is_served_and_one_removed_released_without_a
     assert!(relay.try_wait().unwrap().is_none(), "{}", relay.log());
     assert_eq!(common::terminate(&mut relay), Some(0));
 
+    // The commands on the same file: `migrate` and `status` on each tenant's database...
+    let command = |args: &[&str]| {
+        common::relay_command()
+            .args(args)
+            .args(["--tenants", tenants_arg])
+            .output()
+            .unwrap()
+    };
+    let migrated = command(&["migrate", "--table", "billing_outbox"]);
+    let stdout = String::from_utf8_lossy(&migrated.stdout);
+    assert!(migrated.status.success(), "{migrated:?}");
+    for tenant in ["globex", "initech"] {
+        let line = format!("(tenant {tenant}, table billing_outbox)");
+        assert!(stdout.contains(&line), "{stdout}");
+    }
+    assert_eq!(
+        outbox_tests::count(&globex, "SELECT count(*) AS n FROM billing_outbox").await,
+        0
+    );
+    let status = command(&["status"]);
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{status:?}");
+    assert!(
+        stdout.starts_with("tenant globex, table outbox:\nbacklog:            0"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n\ntenant initech, table outbox:\nbacklog:            5"),
+        "{stdout}"
+    );
+    // ... and `failed`, which works on one database, refuses the list.
+    let failed = command(&["failed", "list"]);
+    assert_eq!(failed.status.code(), Some(2), "{failed:?}");
+
     for (db, name) in [(globex, name), (initech, initech_name)] {
         db.close().await.unwrap();
         f.db.execute_unprepared(&format!("DROP DATABASE {name} WITH (FORCE)"))

@@ -12,7 +12,7 @@ pub(super) async fn failed(
     settings: &Settings,
     command: FailedCommand,
 ) -> Result<ExitCode, UsageError> {
-    let url = settings.database_url()?;
+    let url = settings.one_database()?;
     let url = url.as_str();
     let table = &settings.table()?;
     let result = match command {

@@ -13,25 +13,42 @@ pub(super) async fn migrate(
     settings: &Settings,
     notify_trigger: bool,
 ) -> Result<ExitCode, UsageError> {
-    let url = settings.database_url()?;
-    if notify_trigger && Backend::of(&url) != Backend::Postgres {
+    let databases = settings.databases()?;
+    if notify_trigger
+        && databases
+            .iter()
+            .any(|(_, url)| Backend::of(url) != Backend::Postgres)
+    {
         return Err(UsageError("--notify-trigger needs PostgreSQL".into()));
     }
-    for table in settings.tables()? {
-        match apply(&url, &table, notify_trigger).await {
-            Ok(()) => println!(
-                "outbox schema is up to date on {} (table {table})",
-                redact_url(&url)
-            ),
-            Err(e) => {
-                return Ok(failure(&format!(
-                    "migrate {} (table {table}): {e}",
-                    redact_url(&url)
-                )));
+    let tables = settings.tables()?;
+    let mut failed = false;
+    for (tenant, url) in &databases {
+        let tenant = tenant
+            .as_ref()
+            .map_or(String::new(), |t| format!("tenant {t}, "));
+        for table in &tables {
+            match apply(url, table, notify_trigger).await {
+                Ok(()) => println!(
+                    "outbox schema is up to date on {} ({tenant}table {table})",
+                    redact_url(url)
+                ),
+                // One tenant's database down leaves the others to migrate.
+                Err(e) => {
+                    failure(&format!(
+                        "migrate {} ({tenant}table {table}): {e}",
+                        redact_url(url)
+                    ));
+                    failed = true;
+                }
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 async fn apply(

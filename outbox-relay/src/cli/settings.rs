@@ -36,6 +36,10 @@ pub(super) struct DatabaseArgs {
     /// `failed` works on one table at a time.
     #[arg(long, env = "OUTBOX_TABLE", global = true)]
     pub table: Option<String>,
+    /// Tenant databases, one `name url` per line: `status` and `migrate` work on each tenant's
+    /// database instead of --database-url's.
+    #[arg(long, env = "OUTBOX_TENANTS", global = true)]
+    pub tenants: Option<PathBuf>,
 }
 
 /// Every setting: the `run` command's flags and the config file's keys.
@@ -496,6 +500,31 @@ impl Settings {
         Ok(tables)
     }
 
+    /// The databases a command works on: each tenant's with `--tenants` (its name beside it),
+    /// else `--database-url`'s.
+    pub(super) fn databases(&self) -> Result<Vec<(Option<String>, String)>, UsageError> {
+        match &self.tenants {
+            None => Ok(vec![(None, self.database_url()?)]),
+            Some(path) => Ok(crate::Tenants::read_file(path)
+                .map_err(UsageError)?
+                .into_iter()
+                .map(|t| (Some(t.name), t.database_url))
+                .collect()),
+        }
+    }
+
+    /// The one database a command works on (`failed`, `wal`): `--database-url`'s; refused with
+    /// `--tenants`, so a tenant's command never runs on another database.
+    pub(super) fn one_database(&self) -> Result<String, UsageError> {
+        if self.tenants.is_some() {
+            return Err(UsageError(
+                "this command works on one database: pass the tenant's --database-url, not --tenants"
+                    .into(),
+            ));
+        }
+        self.database_url()
+    }
+
     /// The one outbox table a command works on (`failed`).
     pub(super) fn table(&self) -> Result<TableName, UsageError> {
         match <[TableName; 1]>::try_from(self.tables()?) {
@@ -598,7 +627,7 @@ impl Settings {
         let mut config = RelayConfig::new(self.database_url()?);
         config.tables = self.tables()?;
         if let Some(path) = &self.tenants {
-            crate::Tenants::check_file(path).map_err(UsageError)?;
+            crate::Tenants::read_file(path).map_err(UsageError)?;
             if self.source == Some(SourceKind::Wal) {
                 return Err(UsageError(
                     "--source wal reads one database; publish tenant databases by polling".into(),

@@ -7,23 +7,42 @@ use crate::redact_url;
 use std::process::ExitCode;
 
 pub(super) async fn status(settings: &Settings) -> Result<ExitCode, UsageError> {
-    let url = settings.database_url()?;
+    let databases = settings.databases()?;
     let tables = settings.tables()?;
-    for (i, table) in tables.iter().enumerate() {
-        match crate::status(&url, table).await {
-            // One table's status as it always read; several, each under its name.
-            Ok(status) if tables.len() == 1 => println!("{status}"),
-            Ok(status) => {
-                let gap = if i == 0 { "" } else { "\n" };
-                println!("{gap}table {table}:\n{status}");
-            }
-            Err(e) => {
-                return Ok(failure(&format!(
-                    "status of {} (table {table}): {e}",
-                    redact_url(&url)
-                )));
+    let mut printed = 0;
+    let mut failed = false;
+    for (tenant, url) in &databases {
+        for table in &tables {
+            match crate::status(url, table).await {
+                // One table's status as it always read; several, each under its name.
+                Ok(status) if databases.len() == 1 && tables.len() == 1 && tenant.is_none() => {
+                    println!("{status}");
+                }
+                Ok(status) => {
+                    let gap = if printed == 0 { "" } else { "\n" };
+                    match tenant {
+                        Some(tenant) => println!("{gap}tenant {tenant}, table {table}:\n{status}"),
+                        None => println!("{gap}table {table}:\n{status}"),
+                    }
+                    printed += 1;
+                }
+                // One tenant's database down leaves the others' status to print.
+                Err(e) => {
+                    let tenant = tenant
+                        .as_ref()
+                        .map_or(String::new(), |t| format!("tenant {t}, "));
+                    failure(&format!(
+                        "status of {} ({tenant}table {table}): {e}",
+                        redact_url(url)
+                    ));
+                    failed = true;
+                }
             }
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -10,7 +10,7 @@ use crate::source::wal::{self, WalSource};
 use std::process::ExitCode;
 
 pub(super) async fn wal(settings: &Settings, command: WalCommand) -> Result<ExitCode, UsageError> {
-    let url = settings.database_url()?;
+    let url = settings.one_database()?;
     let source =
         |names: WalNames| WalSource::new(names.slot, names.publication).map_err(UsageError);
     let progress = |line: &str| eprintln!("{line}");
