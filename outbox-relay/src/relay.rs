@@ -21,6 +21,7 @@ use crate::tenants::Outbox;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -53,7 +54,13 @@ pub struct Relay {
     readiness: Readiness,
     /// The sink's quiet moment, shared by the pumps.
     quiet: QuietGate,
+    /// The connections the tenants' background work (samplers, pruners) may hold at once.
+    tenant_sessions: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many connections the tenants' background work holds at most, across every tenant: the
+/// relay's connections to tenant databases are one per pump and these.
+pub(crate) const TENANT_BACKGROUND_SESSIONS: usize = 4;
 
 impl Relay {
     /// A relay publishing to `sink`, routing by the event types registered in this binary.
@@ -71,6 +78,7 @@ impl Relay {
             sqlite_lock: std::sync::Mutex::new(None),
             readiness: Readiness::default(),
             quiet: QuietGate::default(),
+            tenant_sessions: Arc::new(tokio::sync::Semaphore::new(TENANT_BACKGROUND_SESSIONS)),
         }
     }
 
@@ -279,7 +287,7 @@ impl Relay {
         shutdown: &CancellationToken,
         tasks: &BackgroundTasks,
     ) -> Result<(), SourceError> {
-        source::spawn_background(&self.config, outbox, tasks);
+        source::spawn_background(&self.config, outbox, &self.tenant_sessions, tasks);
         let mut backoff = self.config.backoff();
         let mut standby = false;
         while !shutdown.is_cancelled() {

@@ -1,6 +1,8 @@
-//! Tenant databases (`RelayConfig::tenants`) on a real PostgreSQL: one relay process publishes the
-//! outboxes of two databases, each tenant's events in order; a tenant whose database stops taking
-//! connections holds only its own pumps, and is published again once it is back.
+//! Tenant databases (`RelayConfig::tenants`, `--tenants FILE`) on a real PostgreSQL: one relay
+//! process publishes the outboxes of several databases, each tenant's events in order; a tenant
+//! whose database stops taking connections, or that is refused, holds only itself; a tenant added
+//! to the file is served and one removed released without a restart; replicas share each tenant's
+//! shards; `migrate` and `status` take the file; between ticks a tenant costs one connection.
 
 mod common;
 
@@ -89,6 +91,19 @@ async fn one_relay_publishes_two_tenant_databases_and_a_tenant_down_holds_only_i
     });
     wait_published(&f.db, "acme's outbox").await;
     wait_published(&globex, "globex's outbox").await;
+
+    // Between its ticks a tenant's background work (backlog sampler, pruner) holds no
+    // connection: the relay's connections to a tenant are its pump's, one per table.
+    let connections = format!(
+        "SELECT count(*) AS n FROM pg_stat_activity \
+         WHERE datname = '{name}' AND application_name = 'outbox-relay'"
+    );
+    let mut fewest = i64::MAX;
+    for _ in 0..10 {
+        fewest = fewest.min(outbox_tests::count(&f.db, &connections).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(fewest, 1, "the relay's connections to globex between ticks");
 
     // Globex's database stops taking connections, and loses those it had (the relay's too).
     globex.close().await.unwrap();
@@ -320,4 +335,73 @@ async fn a_tenant_added_to_the_file_is_served_and_one_removed_released_without_a
             .await
             .unwrap();
     }
+}
+
+/// How many relay sessions hold shards of the outbox `db` names `outbox`.
+async fn holders(db: &DatabaseConnection) -> i64 {
+    outbox_tests::count(
+        db,
+        "SELECT count(DISTINCT pid) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted \
+           AND objsubid = 2 AND objid < 256 \
+           AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn replicas_given_one_tenants_file_share_each_tenants_shards() {
+    let f = Fixture::new().await;
+    let name = format!("tenant_{}", seaorm_outbox::Uuid::now_v7().simple());
+    let (globex_url, globex) = tenant_database(&f, &name).await;
+    let tenants = outbox_tests::temp_dir().join("tenants");
+    std::fs::write(&tenants, format!("acme {}\nglobex {globex_url}\n", f.url)).unwrap();
+    let tenants = tenants.to_str().unwrap();
+    let mut first = f.spawn_relay(&["--tenants", tenants]);
+    let mut second = f.spawn_relay(&["--tenants", tenants]);
+
+    // Each tenant's 256 shards, split between the two.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let split = [
+            (holders(&f.db).await, leased(&f.db).await),
+            (holders(&globex).await, leased(&globex).await),
+        ];
+        if split == [(2, 256), (2, 256)] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not shared: {split:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    record(&f.db, "acme", 0, 200).await;
+    record(&globex, "globex", 0, 200).await;
+    wait_published(&f.db, "acme's outbox").await;
+    wait_published(&globex, "globex's outbox").await;
+
+    // One replica gone: the other takes every shard of each tenant.
+    assert_eq!(common::terminate(&mut first), Some(0));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while (
+        holders(&f.db).await,
+        leased(&f.db).await,
+        holders(&globex).await,
+        leased(&globex).await,
+    ) != (1, 256, 1, 256)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the remaining replica did not take over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    record(&globex, "globex", 200, 20).await;
+    wait_published(&globex, "globex's outbox, one replica left").await;
+    assert_eq!(common::terminate(&mut second), Some(0));
+
+    globex.close().await.unwrap();
+    f.db.execute_unprepared(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
 }

@@ -13,6 +13,7 @@ use crate::error::SourceError;
 use crate::tasks::BackgroundTasks;
 use crate::tenants::{Outbox, Tenant};
 use seaorm_outbox::TableName;
+use std::sync::Arc;
 use std::time::Duration;
 use table::prune::{self, Pruned};
 use table::{OutboxTable, SessionConfig, TableSource};
@@ -234,18 +235,29 @@ pub(crate) fn list(tables: &[TableName]) -> String {
 
 /// Starts the source's background work, each on a connection of its own: sampling its backlog
 /// (the table's unpublished rows, or the slot's lag) and pruning what it published from `table`.
-pub(crate) fn spawn_background(config: &RelayConfig, outbox: &Outbox, tasks: &BackgroundTasks) {
-    let (session, every) = (SessionConfig::of(config, outbox), config.metrics_interval);
+pub(crate) fn spawn_background(
+    config: &RelayConfig,
+    outbox: &Outbox,
+    tenant_sessions: &Arc<tokio::sync::Semaphore>,
+    tasks: &BackgroundTasks,
+) {
+    let mut session = SessionConfig::of(config, outbox);
+    // A tenant's background work keeps no connection open between ticks: with many tenants,
+    // the relay's connections stay one per pump and a few.
+    if outbox.tenant.is_some() {
+        session.per_tick = Some(Arc::clone(tenant_sessions));
+    }
+    let every = config.metrics_interval;
     let pruned = match &config.source {
         config::Source::Table => {
-            let outbox = outbox.clone();
+            let (session, outbox) = (session.clone(), outbox.clone());
             tasks.spawn("backlog sampler", move |stop| {
                 table::backlog::sample_backlog(session, outbox, every, stop)
             });
             (config.mode == Mode::Mark).then_some(Pruned::Published)
         }
         config::Source::Wal(source) => {
-            let slot = source.slot.clone();
+            let (session, slot) = (session.clone(), source.slot.clone());
             tasks.spawn("slot sampler", move |stop| {
                 wal::slot::sample_slot(session, slot, every, stop)
             });
@@ -253,7 +265,7 @@ pub(crate) fn spawn_background(config: &RelayConfig, outbox: &Outbox, tasks: &Ba
         }
     };
     if let (Some(pruned), Some(retention)) = (pruned, config.retention) {
-        let (session, every) = (SessionConfig::of(config, outbox), config.prune_interval);
+        let every = config.prune_interval;
         let table = outbox.table.clone();
         tasks.spawn("pruner", move |stop| {
             prune::prune_periodically(session, table, pruned, retention, every, stop)

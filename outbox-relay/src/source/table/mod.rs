@@ -202,14 +202,19 @@ impl OutboxTable {
 pub(crate) struct SessionConfig {
     pub database_url: String,
     pub statement_timeout: Duration,
+    /// For background work on tenant databases: each tick opens its session and closes it after,
+    /// holding one of these permits meanwhile, so background work keeps at most that many
+    /// connections open across every tenant. `None`: one session kept open per task.
+    pub per_tick: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl SessionConfig {
-    /// The sessions of `outbox`'s database.
+    /// The sessions of `outbox`'s database, each kept open.
     pub fn of(config: &RelayConfig, outbox: &Outbox) -> Self {
         SessionConfig {
             database_url: outbox.database_url.clone(),
             statement_timeout: config.statement_timeout,
+            per_tick: None,
         }
     }
 
@@ -443,6 +448,13 @@ pub(crate) async fn every_tick(
 ) {
     let mut table = None;
     loop {
+        let permit = match &session.per_tick {
+            Some(permits) => tokio::select! {
+                permit = Arc::clone(permits).acquire_owned() => permit.ok(),
+                () = shutdown.cancelled() => return,
+            },
+            None => None,
+        };
         if table.is_none() {
             table = session.open(table_name).await.ok();
         }
@@ -458,6 +470,11 @@ pub(crate) async fn every_tick(
                 table = None;
             }
         }
+        if permit.is_some() {
+            // Closed with the permit given back: another tenant's tick may open its own.
+            table = None;
+        }
+        drop(permit);
         tokio::select! {
             () = tokio::time::sleep(every) => {}
             () = shutdown.cancelled() => return,
