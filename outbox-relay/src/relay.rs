@@ -184,12 +184,8 @@ impl Relay {
         tasks: &BackgroundTasks,
     ) -> Result<(), SourceError> {
         let stop = shutdown.child_token();
-        let mut tenants = self
-            .config
-            .tenants
-            .read()
-            .await
-            .map_err(SourceError::Refused)?;
+        let (catalogue, listed) = (&self.config.database_url, &self.config.tenants);
+        let mut tenants = listed.read(catalogue).await.map_err(SourceError::Refused)?;
         // Each running pump's number (a pump stopped and started again is another) and stop token.
         let mut running: HashMap<Outbox, (u64, CancellationToken)> = HashMap::new();
         let mut refused: HashSet<Outbox> = HashSet::new();
@@ -244,8 +240,8 @@ impl Relay {
                         }
                     }
                 }
-                _ = reread.tick(), if self.config.tenants.rereads() && !stop.is_cancelled() => {
-                    match self.config.tenants.read().await {
+                _ = reread.tick(), if listed.rereads() && !stop.is_cancelled() => {
+                    match listed.read(catalogue).await {
                         Ok(now) => tenants = now,
                         Err(e) => tracing::error!(error = %e, "keeping the tenants the relay has"),
                     }

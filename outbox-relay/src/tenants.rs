@@ -70,11 +70,17 @@ pub enum Tenants {
     /// tenant added is served, one removed is released, without a restart. A file that cannot
     /// be read at start stops the relay; later, the relay keeps the tenants it has and says why.
     File(std::path::PathBuf),
+    /// The tenants this query returns, run on the relay's own database (`database_url`, a
+    /// catalogue) at start and again every [`RelayConfig::tenants_reread`]: each row a tenant's
+    /// name and its database's URL, such as `SELECT name, database_url FROM tenants WHERE
+    /// active`. A query that fails later leaves the relay with the tenants it has.
+    Query(String),
 }
 
 impl Tenants {
-    /// The tenants now; `None` when the relay publishes its own database.
-    pub(crate) async fn read(&self) -> Result<Option<Vec<Tenant>>, String> {
+    /// The tenants now; `None` when the relay publishes its own database. A query runs on
+    /// `database_url`, the relay's own database.
+    pub(crate) async fn read(&self, database_url: &str) -> Result<Option<Vec<Tenant>>, String> {
         match self {
             Tenants::None => Ok(None),
             Tenants::List(tenants) => Ok(Some(tenants.clone())),
@@ -86,11 +92,24 @@ impl Tenants {
                     .map(Some)
                     .map_err(|e| format!("the tenants file {}: {e}", path.display()))
             }
+            Tenants::Query(query) => {
+                let rows = crate::database::answered_within(QUERY_LIMIT, async {
+                    crate::source::table::query_pairs(database_url, query).await
+                })
+                .await
+                .map_err(|e| format!("the tenants query on {}: {e}", redact_url(database_url)))?;
+                let mut tenants: Vec<Tenant> = Vec::new();
+                for (number, (name, url)) in (1..).zip(rows) {
+                    add(&mut tenants, &name, &url)
+                        .map_err(|e| format!("the tenants query, row {number}: {e}"))?;
+                }
+                Ok(Some(tenants))
+            }
         }
     }
 
-    /// Reads a tenants file now, for the commands and for a configuration checked before the
-    /// relay starts: what [`read`](Self::read) would say of it.
+    /// Reads a tenants file now, for a configuration checked before the relay starts: what
+    /// [`read`](Self::read) would say of it.
     pub(crate) fn read_file(path: &std::path::Path) -> Result<Vec<Tenant>, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the tenants file {}: {e}", path.display()))?;
@@ -99,9 +118,12 @@ impl Tenants {
 
     /// Whether the list can change while the relay runs.
     pub(crate) fn rereads(&self) -> bool {
-        matches!(self, Tenants::File(_))
+        matches!(self, Tenants::File(_) | Tenants::Query(_))
     }
 }
+
+/// How long the tenants query may take.
+const QUERY_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A tenants file's lines: `name url`. An error names the line, never its text (the URL may
 /// carry a password).
@@ -116,26 +138,31 @@ fn parse(text: &str) -> Result<Vec<Tenant>, String> {
         let (Some(name), Some(url), None) = (words.next(), words.next(), words.next()) else {
             return Err(format!("line {number}: expected `name url`"));
         };
-        let allowed = |c: char| c.is_ascii_alphanumeric() || "_-.".contains(c);
-        if name.len() > 63 || !name.chars().all(allowed) {
-            return Err(format!(
-                "line {number}: a tenant's name is up to 63 letters, digits, `_`, `-` or `.`"
-            ));
-        }
-        if !["postgres://", "postgresql://", "mysql://", "mariadb://"]
-            .iter()
-            .any(|scheme| url.starts_with(scheme))
-        {
-            return Err(format!(
-                "line {number}: tenant {name}'s URL is not a PostgreSQL or MySQL URL"
-            ));
-        }
-        if tenants.iter().any(|t| t.name == name) {
-            return Err(format!("line {number}: tenant {name} is listed twice"));
-        }
-        tenants.push(Tenant::new(name, url));
+        add(&mut tenants, name, url).map_err(|e| format!("line {number}: {e}"))?;
     }
     Ok(tenants)
+}
+
+/// Adds the tenant `name` at `url` to `tenants`, if its name and URL will do. An error never
+/// shows the URL (it may carry a password).
+fn add(tenants: &mut Vec<Tenant>, name: &str, url: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || "_-.".contains(c);
+    if name.is_empty() || name.len() > 63 || !name.chars().all(allowed) {
+        return Err("a tenant's name is 1 to 63 letters, digits, `_`, `-` or `.`".into());
+    }
+    if !["postgres://", "postgresql://", "mysql://", "mariadb://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+    {
+        return Err(format!(
+            "tenant {name}'s URL is not a PostgreSQL or MySQL URL"
+        ));
+    }
+    if tenants.iter().any(|t| t.name == name) {
+        return Err(format!("tenant {name} is listed twice"));
+    }
+    tenants.push(Tenant::new(name, url));
+    Ok(())
 }
 
 /// What one pump publishes: one outbox table in one database, a tenant's or the relay's own.

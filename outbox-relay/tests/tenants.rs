@@ -405,3 +405,56 @@ async fn replicas_given_one_tenants_file_share_each_tenants_shards() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn tenants_from_a_catalogue_query_are_served_as_rows_come_and_go() {
+    let f = Fixture::new().await;
+    let name = format!("tenant_{}", seaorm_outbox::Uuid::now_v7().simple());
+    let (globex_url, globex) = tenant_database(&f, &name).await;
+    // The catalogue: the relay's own database (--database-url), here the fixture's.
+    f.db.execute_unprepared("CREATE TABLE tenants (name text, url text, active boolean)")
+        .await
+        .unwrap();
+    let add =
+        |tenant: &str, url: &str| format!("INSERT INTO tenants VALUES ('{tenant}', '{url}', true)");
+    f.db.execute_unprepared(&add("acme", &f.url)).await.unwrap();
+    record(&f.db, "acme", 0, 50).await;
+    record(&globex, "globex", 0, 50).await;
+    let query = "SELECT name, url FROM tenants WHERE active";
+    let mut relay = f.spawn_relay(&["--tenants-query", query]);
+    wait_published(&f.db, "acme's outbox").await;
+    assert_eq!(
+        unpublished(&globex).await,
+        50,
+        "globex published before its row"
+    );
+
+    // Globex's row: served without a restart.
+    f.db.execute_unprepared(&add("globex", &globex_url))
+        .await
+        .unwrap();
+    wait_published(&globex, "globex's outbox, once in the catalogue").await;
+    assert!(relay.try_wait().unwrap().is_none(), "{}", relay.log());
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    // `status` reads the same catalogue.
+    let status = common::relay_command()
+        .args(["status", "--database-url", &f.url, "--tenants-query", query])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&status.stdout);
+    assert!(status.status.success(), "{status:?}");
+    assert!(
+        stdout.starts_with("tenant acme, table outbox:\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("\n\ntenant globex, table outbox:\n"),
+        "{stdout}"
+    );
+
+    globex.close().await.unwrap();
+    f.db.execute_unprepared(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+}

@@ -13,7 +13,7 @@ pub(super) async fn migrate(
     settings: &Settings,
     notify_trigger: bool,
 ) -> Result<ExitCode, UsageError> {
-    let databases = settings.databases()?;
+    let databases = settings.databases().await?;
     if notify_trigger
         && databases
             .iter()

@@ -40,6 +40,10 @@ pub(super) struct DatabaseArgs {
     /// database instead of --database-url's.
     #[arg(long, env = "OUTBOX_TENANTS", global = true)]
     pub tenants: Option<PathBuf>,
+    /// Tenant databases from a query on --database-url (a catalogue) returning each tenant's
+    /// name and URL: `status` and `migrate` work on each tenant's database.
+    #[arg(long, env = "OUTBOX_TENANTS_QUERY", global = true)]
+    pub tenants_query: Option<String>,
 }
 
 /// Every setting: the `run` command's flags and the config file's keys.
@@ -49,6 +53,7 @@ pub(super) struct DatabaseArgs {
 /// database_url = "postgres://relay:${DB_PASSWORD}@db/shop?connect_timeout=3"
 /// table = "outbox"           # or "outbox, billing_outbox", or "billing.outbox" on PostgreSQL
 /// # tenants = "/etc/outbox/tenants"  # tenant databases, one `name url` per line, read again every 5 s
+/// # tenants_query = "SELECT name, url FROM tenants"  # or from a catalogue at database_url
 /// batch_size = 500
 /// max_batch_bytes = 16777216   # payload and header bytes per batch
 /// max_payload_bytes = 1000000  # larger rows are parked; match the broker's message.max.bytes
@@ -105,6 +110,10 @@ pub(super) struct Settings {
     /// relay publishes the tables in each tenant's database instead of --database-url's.
     #[arg(long, env = "OUTBOX_TENANTS", help_heading = "Database")]
     pub tenants: Option<PathBuf>,
+    /// Tenant databases from a query on --database-url (a catalogue) returning each tenant's
+    /// name and URL (`SELECT name, url FROM tenants`), run again every 5 s.
+    #[arg(long, env = "OUTBOX_TENANTS_QUERY", help_heading = "Database")]
+    pub tenants_query: Option<String>,
     /// Rows per batch.
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub batch_size: Option<usize>,
@@ -500,13 +509,29 @@ impl Settings {
         Ok(tables)
     }
 
-    /// The databases a command works on: each tenant's with `--tenants` (its name beside it),
-    /// else `--database-url`'s.
-    pub(super) fn databases(&self) -> Result<Vec<(Option<String>, String)>, UsageError> {
-        match &self.tenants {
-            None => Ok(vec![(None, self.database_url()?)]),
-            Some(path) => Ok(crate::Tenants::read_file(path)
-                .map_err(UsageError)?
+    /// Where the tenants are listed: `--tenants` or `--tenants-query`, not both.
+    fn tenants(&self) -> Result<crate::Tenants, UsageError> {
+        match (&self.tenants, &self.tenants_query) {
+            (Some(_), Some(_)) => Err(UsageError(
+                "--tenants and --tenants-query both list tenants: pass one".into(),
+            )),
+            (Some(path), None) => Ok(crate::Tenants::File(path.clone())),
+            (None, Some(query)) => Ok(crate::Tenants::Query(query.clone())),
+            (None, None) => Ok(crate::Tenants::None),
+        }
+    }
+
+    /// The databases a command works on: each tenant's with `--tenants` or `--tenants-query`
+    /// (its name beside it), else `--database-url`'s.
+    pub(super) async fn databases(&self) -> Result<Vec<(Option<String>, String)>, UsageError> {
+        let tenants = self.tenants()?;
+        let catalogue = match tenants {
+            crate::Tenants::File(_) => String::new(),
+            _ => self.database_url()?,
+        };
+        match tenants.read(&catalogue).await.map_err(UsageError)? {
+            None => Ok(vec![(None, catalogue)]),
+            Some(tenants) => Ok(tenants
                 .into_iter()
                 .map(|t| (Some(t.name), t.database_url))
                 .collect()),
@@ -516,9 +541,10 @@ impl Settings {
     /// The one database a command works on (`failed`, `wal`): `--database-url`'s; refused with
     /// `--tenants`, so a tenant's command never runs on another database.
     pub(super) fn one_database(&self) -> Result<String, UsageError> {
-        if self.tenants.is_some() {
+        if self.tenants.is_some() || self.tenants_query.is_some() {
             return Err(UsageError(
-                "this command works on one database: pass the tenant's --database-url, not --tenants"
+                "this command works on one database: pass the tenant's --database-url, not \
+                 --tenants or --tenants-query"
                     .into(),
             ));
         }
@@ -626,14 +652,14 @@ impl Settings {
     pub(super) fn relay_config(&self) -> Result<RelayConfig, UsageError> {
         let mut config = RelayConfig::new(self.database_url()?);
         config.tables = self.tables()?;
-        if let Some(path) = &self.tenants {
+        config.tenants = self.tenants()?;
+        if let crate::Tenants::File(path) = &config.tenants {
             crate::Tenants::read_file(path).map_err(UsageError)?;
-            if self.source == Some(SourceKind::Wal) {
-                return Err(UsageError(
-                    "--source wal reads one database; publish tenant databases by polling".into(),
-                ));
-            }
-            config.tenants = crate::Tenants::File(path.clone());
+        }
+        if config.tenants != crate::Tenants::None && self.source == Some(SourceKind::Wal) {
+            return Err(UsageError(
+                "--source wal reads one database; publish tenant databases by polling".into(),
+            ));
         }
         if let Some(n) = self.batch_size {
             if n == 0 {

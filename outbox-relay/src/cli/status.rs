@@ -7,7 +7,7 @@ use crate::redact_url;
 use std::process::ExitCode;
 
 pub(super) async fn status(settings: &Settings) -> Result<ExitCode, UsageError> {
-    let databases = settings.databases()?;
+    let databases = settings.databases().await?;
     let tables = settings.tables()?;
     let mut printed = 0;
     let mut failed = false;

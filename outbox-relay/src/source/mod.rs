@@ -135,7 +135,12 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
             "the table {twice} is listed twice: one pump per table"
         )));
     }
-    match config.tenants.read().await.map_err(SourceError::Refused)? {
+    match config
+        .tenants
+        .read(&config.database_url)
+        .await
+        .map_err(SourceError::Refused)?
+    {
         None => check_database(config, &config.database_url).await,
         Some(tenants) => check_tenants(config, &tenants).await,
     }
