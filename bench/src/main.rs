@@ -18,6 +18,7 @@ mod record_cost;
 mod report;
 mod setup;
 mod sinks;
+mod tenants;
 mod topic;
 mod wal;
 
@@ -52,7 +53,7 @@ struct Args {
     #[arg(long)]
     relay_bin: Option<PathBuf>,
     /// Run only these parts (repeat): limits, drain, latency, record, resources, pulsar, wal,
-    /// debezium, as-run, mariadb, sinks.
+    /// debezium, as-run, mariadb, sinks; and tenants, only when named.
     #[arg(long, value_enum)]
     only: Vec<Part>,
 }
@@ -73,6 +74,9 @@ enum Part {
     Mariadb,
     /// NATS JetStream, RabbitMQ and SQS (on ElasticMQ): each raw client against the relay binary.
     Sinks,
+    /// 100 tenant databases with a trickle each and one busy one, through one relay binary (not
+    /// in a plain run: it needs max_connections raised, which `bench/tenants.sh` does).
+    Tenants,
 }
 
 /// How much work each part does.
@@ -356,6 +360,23 @@ async fn main() {
         let servers = sinks::Servers::from_env();
         report.sinks =
             sinks::measure(&relay_bin, db, &servers, scale.events, AGGREGATES, 500).await;
+    }
+
+    if args.only.contains(&Part::Tenants) {
+        eprintln!("tenants...");
+        let relay_bin = relay_bin(&args);
+        let (tenants, seconds) = if args.smoke { (5, 10) } else { (100, 180) };
+        let measured = tenants::measure(
+            &relay_bin,
+            db,
+            &args.kafka_brokers,
+            tenants,
+            10,
+            1000,
+            seconds,
+        )
+        .await;
+        println!("{}\n", tenants::markdown(&measured));
     }
 
     setup::drop_all(db).await;
