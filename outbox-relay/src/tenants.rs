@@ -110,6 +110,7 @@ impl Tenants {
 
     /// Reads a tenants file now, for a configuration checked before the relay starts: what
     /// [`read`](Self::read) would say of it.
+    #[cfg(feature = "cli")]
     pub(crate) fn read_file(path: &std::path::Path) -> Result<Vec<Tenant>, String> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the tenants file {}: {e}", path.display()))?;
