@@ -76,16 +76,12 @@ pub async fn measure(
         .collect();
     eprintln!("tenants: creating {} databases...", names.len());
     for name in &names {
-        let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-            .execute(&mut admin)
-            .await
-            .expect("drop");
-        let create = format!("CREATE DATABASE {name}");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(create))
-            .execute(&mut admin)
-            .await
-            .expect("create");
+        admin_sql(
+            &mut admin,
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        )
+        .await;
+        admin_sql(&mut admin, &format!("CREATE DATABASE {name}")).await;
         let orm = seaorm_outbox::sea_orm::Database::connect(format!("{server}/{name}"))
             .await
             .expect("connect to a tenant");
@@ -224,11 +220,11 @@ pub async fn measure(
         .status();
     relay.wait().expect("the relay stops");
     for name in &names {
-        let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-        sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-            .execute(&mut admin)
-            .await
-            .expect("drop");
+        admin_sql(
+            &mut admin,
+            &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        )
+        .await;
     }
     std::fs::remove_file(&file).ok();
     trickle.sort_by(f64::total_cmp);
@@ -244,4 +240,12 @@ pub async fn measure(
         busy_p99_ms,
         events,
     }
+}
+
+/// Runs `sql` (creating or dropping a tenant's database) on the admin connection.
+async fn admin_sql(admin: &mut PgConnection, sql: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(admin)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
 }

@@ -49,6 +49,31 @@ pub(crate) async fn connect_postgres(url: &str) -> Result<PgConnection, sqlx::Er
     connected_within(timeout, connect).await
 }
 
+/// Runs `query`, an operator's (the tenants query), on the database at `url`: its rows' first
+/// two columns, as text.
+pub(crate) async fn query_pairs(
+    url: &str,
+    query: &str,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let query = sqlx::AssertSqlSafe(query.to_owned());
+    match Backend::of(url) {
+        Backend::Postgres => {
+            sqlx::query_as(query)
+                .fetch_all(&mut connect_postgres(url).await?)
+                .await
+        }
+        Backend::MySql => {
+            let (url, timeout) = connect_timeout(url);
+            let mut conn = connected_within(timeout, sqlx::MySqlConnection::connect(&url)).await?;
+            sqlx::query_as(query).fetch_all(&mut conn).await
+        }
+        Backend::Sqlite => {
+            let mut conn = sqlx::SqliteConnection::connect(url).await?;
+            sqlx::query_as(query).fetch_all(&mut conn).await
+        }
+    }
+}
+
 /// `connect`, given up after the URL's connect `timeout`.
 pub(crate) async fn connected_within<T>(
     timeout: Duration,

@@ -202,11 +202,11 @@ impl Relay {
                 }
             } else {
                 // The pumps of the outboxes listed now run; those of outboxes no longer listed stop.
-                let listed = Outbox::all(&self.config, tenants.as_deref());
+                let listed = Outbox::all(catalogue, &self.config.tables, tenants.as_deref());
                 running.retain(|outbox, (_, pump)| {
                     let keep = listed.contains(outbox);
                     if !keep {
-                        tracing::info!(tenant = %outbox.tenant.as_deref().unwrap_or_default(), table = %outbox.table, "no longer listed; releasing it");
+                        tracing::info!(tenant = %outbox.tenant_name(), table = %outbox.table, "no longer listed; releasing it");
                         pump.cancel();
                     }
                     keep
@@ -229,7 +229,7 @@ impl Relay {
                     if let Err(e) = pumped {
                         if tenants.is_some() {
                             tracing::error!(
-                                tenant = %outbox.tenant.as_deref().unwrap_or_default(), table = %outbox.table, error = %e,
+                                tenant = %outbox.tenant_name(), table = %outbox.table, error = %e,
                                 "refused; this tenant's table waits until its line in the tenants list changes"
                             );
                             refused.insert(outbox);
@@ -364,7 +364,7 @@ impl Relay {
         // The listener lives as long as this connection: a reconnect drops it and starts another.
         let connection_tasks = tasks.child();
         if outbox.tenant.is_some() {
-            source::check_tenant(&self.config, outbox).await?;
+            source::check_database(&self.config, &outbox.database_url).await?;
         }
         let mut source = Opened::open(&self.config, outbox, &connection_tasks).await?;
         tracing::info!(sink = self.sink.name(), database = %redact_url(&outbox.database_url), "relay running");

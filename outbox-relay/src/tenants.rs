@@ -2,11 +2,10 @@
 //! per tenant). Each tenant's tables get pumps of their own, as each table of one database does, so
 //! a tenant whose database is down, or refuses the relay's credentials, holds only its own pumps.
 
-use crate::config::RelayConfig;
 use crate::redact::redact_url;
 use seaorm_outbox::TableName;
 
-/// One tenant's database, published by the relay beside the others ([`RelayConfig::tenants`]).
+/// One tenant's database, published by the relay beside the others ([`RelayConfig::tenants`](crate::RelayConfig::tenants)).
 /// Its name labels its metrics and its pumps' log lines, so it should be short and stable.
 ///
 /// ```
@@ -48,7 +47,7 @@ impl std::fmt::Debug for Tenant {
     }
 }
 
-/// Where the relay finds its tenant databases ([`RelayConfig::tenants`]).
+/// Where the relay finds its tenant databases ([`RelayConfig::tenants`](crate::RelayConfig::tenants)).
 ///
 /// ```
 /// use seaorm_outbox_relay::{RelayConfig, Tenants};
@@ -66,12 +65,12 @@ pub enum Tenants {
     /// These tenants, for the relay's whole run.
     List(Vec<Tenant>),
     /// The tenants listed in this file, one per line as `name url` (blank lines and lines
-    /// starting with `#` are skipped), read again every [`RelayConfig::tenants_reread`]: a
+    /// starting with `#` are skipped), read again every [`RelayConfig::tenants_reread`](crate::RelayConfig::tenants_reread): a
     /// tenant added is served, one removed is released, without a restart. A file that cannot
     /// be read at start stops the relay; later, the relay keeps the tenants it has and says why.
     File(std::path::PathBuf),
     /// The tenants this query returns, run on the relay's own database (`database_url`, a
-    /// catalogue) at start and again every [`RelayConfig::tenants_reread`]: each row a tenant's
+    /// catalogue) at start and again every [`RelayConfig::tenants_reread`](crate::RelayConfig::tenants_reread): each row a tenant's
     /// name and its database's URL, such as `SELECT name, database_url FROM tenants WHERE
     /// active`. A query that fails later leaves the relay with the tenants it has.
     Query(String),
@@ -94,7 +93,7 @@ impl Tenants {
             }
             Tenants::Query(query) => {
                 let rows = crate::database::answered_within(QUERY_LIMIT, async {
-                    crate::source::table::query_pairs(database_url, query).await
+                    crate::database::query_pairs(database_url, query).await
                 })
                 .await
                 .map_err(|e| format!("the tenants query on {}: {e}", redact_url(database_url)))?;
@@ -176,11 +175,15 @@ pub(crate) struct Outbox {
 }
 
 impl Outbox {
-    /// Every outbox to publish: each of `config`'s tables in each of `tenants`' databases, or
-    /// in the relay's own database without tenants.
-    pub fn all(config: &RelayConfig, tenants: Option<&[Tenant]>) -> Vec<Outbox> {
+    /// Every outbox to publish: each of `tables` in each of `tenants`' databases, or in the
+    /// relay's own database (`database_url`) without tenants.
+    pub fn all(
+        database_url: &str,
+        tables: &[TableName],
+        tenants: Option<&[Tenant]>,
+    ) -> Vec<Outbox> {
         let databases: Vec<(Option<String>, &str)> = match tenants {
-            None => vec![(None, config.database_url.as_str())],
+            None => vec![(None, database_url)],
             Some(tenants) => tenants
                 .iter()
                 .map(|t| (Some(t.name.clone()), t.database_url.as_str()))
@@ -189,13 +192,26 @@ impl Outbox {
         databases
             .into_iter()
             .flat_map(|(tenant, url)| {
-                config.tables.iter().map(move |table| Outbox {
+                tables.iter().map(move |table| Outbox {
                     tenant: tenant.clone(),
                     database_url: url.to_owned(),
                     table: table.clone(),
                 })
             })
             .collect()
+    }
+
+    /// What the commands call it: `tenant acme, table outbox`, or `table outbox`.
+    pub fn describe(&self) -> String {
+        match &self.tenant {
+            Some(tenant) => format!("tenant {tenant}, table {}", self.table),
+            None => format!("table {}", self.table),
+        }
+    }
+
+    /// Its tenant's name, or nothing for the relay's own database: for log lines.
+    pub fn tenant_name(&self) -> &str {
+        self.tenant.as_deref().unwrap_or_default()
     }
 
     /// The labels of its metrics: its table, and its tenant when it has one.
@@ -214,23 +230,23 @@ mod tests {
 
     #[test]
     fn each_table_of_each_tenant_is_one_outbox() {
-        let mut config = RelayConfig::new("postgres://relay@catalogue/tenants");
-        config.tables = vec![
+        let own_url = "postgres://relay@catalogue/tenants";
+        let tables = [
             TableName::DEFAULT,
             TableName::new("billing_outbox").unwrap(),
         ];
-        let own = Outbox::all(&config, None);
+        let own = Outbox::all(own_url, &tables, None);
         assert_eq!(own.len(), 2);
         assert!(
             own.iter()
-                .all(|o| o.tenant.is_none() && o.database_url == config.database_url)
+                .all(|o| o.tenant.is_none() && o.database_url == own_url)
         );
         assert_eq!(own[0].labels(), [("table", "outbox".to_owned())]);
         let tenants = [
             Tenant::new("a", "postgres://db/a"),
             Tenant::new("b", "postgres://db/b"),
         ];
-        let outboxes = Outbox::all(&config, Some(&tenants));
+        let outboxes = Outbox::all(own_url, &tables, Some(&tenants));
         assert_eq!(
             outboxes[3].labels(),
             [

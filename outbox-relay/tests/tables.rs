@@ -10,7 +10,9 @@ use common::kafka::consume;
 use common::{Fixture, free_port, http_get_when_up};
 use futures::future::BoxFuture;
 use seaorm_outbox::TableName;
-use seaorm_outbox::sea_orm::{ConnectionTrait, DatabaseConnection, TransactionTrait};
+use seaorm_outbox::sea_orm::{
+    ConnectionTrait, DatabaseConnection, DatabaseTransaction, TransactionTrait,
+};
 use seaorm_outbox::{NewEvent, OutboxEvent};
 use seaorm_outbox_relay::Relay;
 use seaorm_outbox_relay::sink::memory::MemorySink;
@@ -114,6 +116,16 @@ async fn two_tables_in_one_database_go_to_their_topics_in_order_each_through_its
     assert!(printed.contains("backlog:            0"), "{printed}");
 }
 
+/// A transaction holding `billing_outbox` locked, as an operator's long migration would: every
+/// statement on the table waits until it ends.
+async fn lock_billing(db: &DatabaseConnection) -> DatabaseTransaction {
+    let lock = db.begin().await.unwrap();
+    lock.execute_unprepared("LOCK TABLE billing_outbox IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    lock
+}
+
 /// What `outbox-relay status --table tables` prints, which must succeed.
 fn status(url: &str, tables: &str) -> String {
     let status = common::relay_command()
@@ -210,10 +222,8 @@ async fn a_table_locked_away_leaves_the_other_tables_pump_flowing() {
     txn.commit().await.unwrap();
 
     // An operator's long migration holds `billing_outbox`: its pump's statements time out.
-    let lock = f.db.begin().await.unwrap();
-    lock.execute_unprepared("LOCK TABLE billing_outbox IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    let lock = lock_billing(&f.db).await;
+    let spawned = std::time::Instant::now();
     let mut relay = f.spawn_relay(&[
         "--table",
         "billing_outbox,outbox",
@@ -260,16 +270,22 @@ async fn a_table_locked_away_leaves_the_other_tables_pump_flowing() {
         relay.log()
     );
     // None of the relay's sessions waits on the lock longer than its statement timeout: not the
-    // pump's, nor the backlog sampler's, which first tried when the relay started, seconds ago.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // pump's, nor the backlog sampler's, which first tried when the relay started. Checked until
+    // the relay has run 4 s, so a session stuck since its start would be seen.
     let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) \
                    WHERE l.relation = 'billing_outbox'::regclass AND NOT l.granted \
                      AND now() - a.query_start > interval '2 seconds'";
-    assert_eq!(
-        f.scalar(waiting).await,
-        0,
-        "a relay session waits on the locked table past its statement timeout"
-    );
+    loop {
+        assert_eq!(
+            f.scalar(waiting).await,
+            0,
+            "a relay session waits on the locked table past its statement timeout"
+        );
+        if spawned.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     lock.rollback().await.unwrap();
     let billing_left = "SELECT count(*) FROM billing_outbox WHERE published_at IS NULL";
     f.wait_until_zero(billing_left, Duration::from_secs(60))
@@ -315,10 +331,7 @@ async fn a_table_that_keeps_failing_never_purges_the_sink_the_others_share() {
     }
     txn.commit().await.unwrap();
     // `billing_outbox` locked away: its pump's statements time out, it reconnects, again and again.
-    let lock = f.db.begin().await.unwrap();
-    lock.execute_unprepared("LOCK TABLE billing_outbox IN ACCESS EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    let lock = lock_billing(&f.db).await;
     let mut config = f.relay_config();
     config.tables = vec!["billing_outbox".parse().unwrap(), TableName::DEFAULT];
     config.statement_timeout = Duration::from_millis(300);

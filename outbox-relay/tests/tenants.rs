@@ -157,12 +157,22 @@ async fn one_relay_publishes_two_tenant_databases_and_a_tenant_down_holds_only_i
 
 /// Shard leases `outbox-relay` holds on the outbox table that `db` names `outbox`.
 async fn leased(db: &DatabaseConnection) -> i64 {
-    outbox_tests::count(
-        db,
-        "SELECT count(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND objid < 256 \
-           AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid",
-    )
-    .await
+    shard_leases(db, "count(*)").await
+}
+
+/// How many relay sessions hold shards of the outbox `db` names `outbox`.
+async fn holders(db: &DatabaseConnection) -> i64 {
+    shard_leases(db, "count(DISTINCT pid)").await
+}
+
+/// `counted` over the shard leases of the outbox `db` names `outbox`.
+async fn shard_leases(db: &DatabaseConnection, counted: &str) -> i64 {
+    let sql = format!(
+        "SELECT {counted} AS n FROM pg_locks WHERE locktype = 'advisory' AND granted \
+           AND objsubid = 2 AND objid < 256 \
+           AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid"
+    );
+    outbox_tests::count(db, &sql).await
 }
 
 #[tokio::test]
@@ -335,17 +345,6 @@ async fn a_tenant_added_to_the_file_is_served_and_one_removed_released_without_a
             .await
             .unwrap();
     }
-}
-
-/// How many relay sessions hold shards of the outbox `db` names `outbox`.
-async fn holders(db: &DatabaseConnection) -> i64 {
-    outbox_tests::count(
-        db,
-        "SELECT count(DISTINCT pid) AS n FROM pg_locks WHERE locktype = 'advisory' AND granted \
-           AND objsubid = 2 AND objid < 256 \
-           AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid",
-    )
-    .await
 }
 
 #[tokio::test]

@@ -13,34 +13,23 @@ pub(super) async fn migrate(
     settings: &Settings,
     notify_trigger: bool,
 ) -> Result<ExitCode, UsageError> {
-    let databases = settings.databases().await?;
+    let outboxes = settings.outboxes().await?;
     if notify_trigger
-        && databases
+        && outboxes
             .iter()
-            .any(|(_, url)| Backend::of(url) != Backend::Postgres)
+            .any(|outbox| Backend::of(&outbox.database_url) != Backend::Postgres)
     {
         return Err(UsageError("--notify-trigger needs PostgreSQL".into()));
     }
-    let tables = settings.tables()?;
     let mut failed = false;
-    for (tenant, url) in &databases {
-        let tenant = tenant
-            .as_ref()
-            .map_or(String::new(), |t| format!("tenant {t}, "));
-        for table in &tables {
-            match apply(url, table, notify_trigger).await {
-                Ok(()) => println!(
-                    "outbox schema is up to date on {} ({tenant}table {table})",
-                    redact_url(url)
-                ),
-                // One tenant's database down leaves the others to migrate.
-                Err(e) => {
-                    failure(&format!(
-                        "migrate {} ({tenant}table {table}): {e}",
-                        redact_url(url)
-                    ));
-                    failed = true;
-                }
+    for outbox in &outboxes {
+        let (url, about) = (redact_url(&outbox.database_url), outbox.describe());
+        match apply(&outbox.database_url, &outbox.table, notify_trigger).await {
+            Ok(()) => println!("outbox schema is up to date on {url} ({about})"),
+            // One tenant's database down leaves the others to migrate.
+            Err(e) => {
+                failure(&format!("migrate {url} ({about}): {e}"));
+                failed = true;
             }
         }
     }

@@ -521,21 +521,20 @@ impl Settings {
         }
     }
 
-    /// The databases a command works on: each tenant's with `--tenants` or `--tenants-query`
-    /// (its name beside it), else `--database-url`'s.
-    pub(super) async fn databases(&self) -> Result<Vec<(Option<String>, String)>, UsageError> {
+    /// The outbox tables a command works on: `--table`'s in each tenant's database with
+    /// `--tenants` or `--tenants-query`, else in `--database-url`'s.
+    pub(super) async fn outboxes(&self) -> Result<Vec<crate::tenants::Outbox>, UsageError> {
         let tenants = self.tenants()?;
         let catalogue = match tenants {
             crate::Tenants::File(_) => String::new(),
             _ => self.database_url()?,
         };
-        match tenants.read(&catalogue).await.map_err(UsageError)? {
-            None => Ok(vec![(None, catalogue)]),
-            Some(tenants) => Ok(tenants
-                .into_iter()
-                .map(|t| (Some(t.name), t.database_url))
-                .collect()),
-        }
+        let listed = tenants.read(&catalogue).await.map_err(UsageError)?;
+        Ok(crate::tenants::Outbox::all(
+            &catalogue,
+            &self.tables()?,
+            listed.as_deref(),
+        ))
     }
 
     /// The one database a command works on (`failed`, `wal`): `--database-url`'s; refused with

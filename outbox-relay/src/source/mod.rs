@@ -147,7 +147,7 @@ pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
 }
 
 /// Checks the tenants' list. Each tenant's database is checked by its pumps, at each connection
-/// ([`check_tenant`]): one tenant down or refused does not keep the others from starting.
+/// ([`check_database`]): one tenant down or refused does not keep the others from starting.
 async fn check_tenants(config: &RelayConfig, tenants: &[Tenant]) -> Result<(), SourceError> {
     if let Some(twice) = tenants
         .iter()
@@ -176,14 +176,10 @@ async fn check_tenants(config: &RelayConfig, tenants: &[Tenant]) -> Result<(), S
     Ok(())
 }
 
-/// Checks that the relay may publish a tenant's outbox, as [`check`] checks the relay's own
-/// database: its pump calls it at each connection, so a tenant refused holds only itself.
-pub(crate) async fn check_tenant(config: &RelayConfig, outbox: &Outbox) -> Result<(), SourceError> {
-    check_database(config, &outbox.database_url).await
-}
-
-/// Checks that the relay may publish the outbox tables of the database at `url`.
-async fn check_database(config: &RelayConfig, url: &str) -> Result<(), SourceError> {
+/// Checks that the relay may publish the outbox tables of the database at `url`: the relay's
+/// own at start ([`check`]), and a tenant's at each connection of its pumps, so a tenant refused
+/// holds only itself.
+pub(crate) async fn check_database(config: &RelayConfig, url: &str) -> Result<(), SourceError> {
     let tables = &config.tables;
     let backend = Backend::of(url);
     let only_default = matches!(&tables[..], [table] if table.is_default());

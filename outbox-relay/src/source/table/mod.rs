@@ -195,20 +195,6 @@ impl OutboxTable {
     }
 }
 
-/// Runs `query`, an operator's (the tenants query), on the database at `url`: its rows' first
-/// two columns, as text.
-pub(crate) async fn query_pairs(
-    url: &str,
-    query: &str,
-) -> Result<Vec<(String, String)>, sqlx::Error> {
-    let query = sqlx::AssertSqlSafe(query.to_owned());
-    match Connection::open(url, Backend::of(url)).await? {
-        Connection::Postgres(mut conn) => sqlx::query_as(query).fetch_all(&mut conn).await,
-        Connection::MySql(mut conn) => sqlx::query_as(query).fetch_all(&mut conn).await,
-        Connection::Sqlite(mut conn) => sqlx::query_as(query).fetch_all(&mut conn).await,
-    }
-}
-
 /// How the relay's own sessions connect: the database, and how long one of their statements may
 /// run. Every session the relay runs on (the claim, the sampler, the pruner) is opened through it,
 /// so none waits on a locked table longer than the claim does.
