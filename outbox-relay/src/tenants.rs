@@ -202,6 +202,7 @@ impl Outbox {
     }
 
     /// What the commands call it: `tenant acme, table outbox`, or `table outbox`.
+    #[cfg(feature = "cli")]
     pub fn describe(&self) -> String {
         match &self.tenant {
             Some(tenant) => format!("tenant {tenant}, table {}", self.table),
