@@ -230,7 +230,8 @@ pub(super) const NO_READER: &str = concat!(
     ") ELSE false END"
 );
 
-/// Live polling relays of this outbox table: their membership locks (see `source/table/leases.rs`).
+/// Live polling relays of this outbox table: their membership slots
+/// (see `source/table/leases/postgres.rs`).
 pub(super) const POLLING_RELAYS: &str = "
 SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())

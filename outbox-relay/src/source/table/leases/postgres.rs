@@ -1,24 +1,36 @@
 //! Shard leases on PostgreSQL: session-level advisory locks `(space, n)`, shard leases below
-//! [`SHARDS`](super::SHARDS) and memberships from it up.
+//! [`SHARDS`](super::SHARDS) and the 256 membership slots from it up.
 //!
 //! `space` is a hash of the outbox table's OID: advisory locks are database-wide, and relays of
 //! outbox tables in other schemas must not share leases with this one.
+//!
+//! The live replicas are counted by probing each membership slot with a shared lock (taken and
+//! dropped at once), not by reading `pg_locks`: that view copies every lock of the whole server,
+//! so with many tenant databases on one server each refresh would cost as much as all their
+//! leases together.
 
 use super::SHARDS;
 use crate::error::SourceError;
 use seaorm_outbox::TableName;
 use sqlx::postgres::PgConnection;
 
-/// Whether this session holds the membership lock `($1, $2)`.
-const HOLDS_MEMBERSHIP: &str = "SELECT 1 FROM pg_locks
-    WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND granted AND objsubid = 2
-      AND classid = $1::int4::oid AND objid = $2::int4::oid";
+/// Whether the slot `($1, k)` is held by another session. A slot held by this one probes free,
+/// as a session never conflicts with itself. `CASE` fixes the order: probe, then drop the probe.
+const SLOT_USED: &str = "CASE WHEN pg_try_advisory_lock_shared($1, k) \
+     THEN NOT pg_advisory_unlock_shared($1, k) ELSE true END";
 
-/// This replica's advisory locks: the table's lock space and its membership key.
+/// The first membership slot; slots are `FIRST_SLOT .. FIRST_SLOT + SHARDS`.
+const FIRST_SLOT: i32 = SHARDS as i32;
+/// The last membership slot: as many as shards, since a replica beyond that would lease none.
+const LAST_SLOT: i32 = FIRST_SLOT + SHARDS as i32 - 1;
+
+/// This replica's advisory locks: the table's lock space, its membership slot and the server
+/// session that holds them.
 #[derive(Debug)]
 pub(super) struct AdvisoryLocks {
     space: i32,
     member: i32,
+    backend: i32,
 }
 
 /// The server session's process id, asked on the simple protocol.
@@ -42,7 +54,7 @@ fn pooled() -> SourceError {
 }
 
 impl AdvisoryLocks {
-    /// Takes a membership lock under a random key >= 256.
+    /// Takes the first free membership slot.
     ///
     /// Refused when the session does not keep what it took: a pooler in transaction mode
     /// (PgBouncer's `pool_mode = transaction`) hands each statement to any server session, so
@@ -58,49 +70,51 @@ impl AdvisoryLocks {
                 .bind(table.quoted('"'))
                 .fetch_one(&mut *conn)
                 .await?;
-        let (member, backend) = loop {
-            let candidate = rand::random_range(i32::from(SHARDS)..i32::MAX);
-            let (taken, backend): (bool, i32) =
-                sqlx::query_as("SELECT pg_try_advisory_lock($1, $2), pg_backend_pid()")
-                    .bind(space)
-                    .bind(candidate)
-                    .fetch_one(&mut *conn)
-                    .await?;
-            if taken {
-                break (candidate, backend);
-            }
-        };
-        let (backend_now, holds): (i32, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT pg_backend_pid(), EXISTS ({HOLDS_MEMBERSHIP})"
-        )))
+        let slot: Option<(i32, i32)> = sqlx::query_as(
+            // generate_series yields the slots in order and LIMIT stops at the first one taken.
+            "SELECT k, pg_backend_pid() FROM generate_series($2, $3) k \
+             WHERE pg_try_advisory_lock($1, k) LIMIT 1",
+        )
         .bind(space)
-        .bind(member)
-        .fetch_one(&mut *conn)
+        .bind(FIRST_SLOT)
+        .bind(LAST_SLOT)
+        .fetch_optional(&mut *conn)
         .await?;
-        if backend_now != backend || !holds {
-            return Err(pooled());
-        }
-        Ok(AdvisoryLocks { space, member })
+        let Some((member, backend)) = slot else {
+            return Err(SourceError::Refused(format!(
+                "{SHARDS} relays already publish this outbox, one per shard"
+            )));
+        };
+        let locks = AdvisoryLocks {
+            space,
+            member,
+            backend,
+        };
+        locks.members(conn).await?;
+        Ok(locks)
     }
 
-    /// The live replicas: the membership locks held in this database. Refused when this session
-    /// no longer holds its own (a pooler in transaction mode ran the statement elsewhere).
+    /// The live replicas: the membership slots held in this database. Refused when the statement
+    /// did not run in the session that holds this replica's slot (a pooler in transaction mode
+    /// ran it elsewhere): another session, or one where the slot is held by someone else.
     pub async fn members(&self, conn: &mut PgConnection) -> Result<i64, SourceError> {
-        let (members, holds): (i64, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*), EXISTS ({HOLDS_MEMBERSHIP}) FROM pg_locks
-             WHERE locktype = 'advisory' AND granted AND objsubid = 2
-               AND classid = $1::int4::oid AND objid >= $3::int4::oid
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )))
-        .bind(self.space)
-        .bind(self.member)
-        .bind(i32::from(SHARDS))
-        .fetch_one(&mut *conn)
-        .await?;
-        if !holds {
+        let (backend, others, own_slot_used): (i32, i64, bool) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                // MATERIALIZED: each slot probed once, however often `used` is read.
+                "WITH slots AS MATERIALIZED (SELECT k, {SLOT_USED} AS used FROM generate_series($2, $3) k) \
+                 SELECT pg_backend_pid(), count(*) FILTER (WHERE used AND k <> $4), \
+                        coalesce(bool_or(used) FILTER (WHERE k = $4), true) FROM slots"
+            )))
+            .bind(self.space)
+            .bind(FIRST_SLOT)
+            .bind(LAST_SLOT)
+            .bind(self.member)
+            .fetch_one(&mut *conn)
+            .await?;
+        if backend != self.backend || own_slot_used {
             return Err(pooled());
         }
-        Ok(members)
+        Ok(others + 1)
     }
 
     /// Leases up to `want` of the free shards among `candidates`, in their order.
