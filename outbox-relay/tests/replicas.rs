@@ -120,6 +120,14 @@ async fn three_replicas_deliver_every_event_once_in_order() {
         .map(|_| f.spawn_relay(&["--batch-size", &batch]))
         .collect();
     wait_for_holders(&f, 3).await;
+    // Each replica holds the joining flag (space, 512) until it has its share (86, 86 and the 84
+    // left), and while one does the others count every membership slot at each refresh.
+    f.wait_until_zero(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2 AND objid = 512 \
+           AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid",
+        Duration::from_secs(30),
+    )
+    .await;
 
     write_all(&f).await;
     f.wait_until_drained(Duration::from_secs(120)).await;

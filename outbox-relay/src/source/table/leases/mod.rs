@@ -31,6 +31,8 @@ pub(crate) struct Leases {
     /// Where this replica starts looking for free shards, so replicas do not all race for shard 0.
     offset: i16,
     held: Vec<i16>,
+    /// Whether the last refresh left this replica with its share (see [`Leases::refresh`]).
+    settled: bool,
     refresh_every: Duration,
     next_refresh: Instant,
 }
@@ -44,12 +46,12 @@ enum Locks {
 
 /// The locks and the connection they live on, matched once.
 enum Session<'a> {
-    Postgres(&'a postgres::AdvisoryLocks, &'a mut sqlx::PgConnection),
+    Postgres(&'a mut postgres::AdvisoryLocks, &'a mut sqlx::PgConnection),
     MySql(&'a mysql::NamedLocks, &'a mut sqlx::MySqlConnection),
 }
 
 impl Locks {
-    fn on<'a>(&'a self, table: &'a mut OutboxTable) -> Result<Session<'a>, SourceError> {
+    fn on<'a>(&'a mut self, table: &'a mut OutboxTable) -> Result<Session<'a>, SourceError> {
         match (self, &mut table.conn) {
             (Locks::Postgres(locks), Connection::Postgres(conn)) => {
                 Ok(Session::Postgres(locks, conn))
@@ -63,9 +65,9 @@ impl Locks {
 }
 
 impl Session<'_> {
-    async fn members(self) -> Result<i64, SourceError> {
+    async fn members(self, settled: bool) -> Result<i64, SourceError> {
         match self {
-            Session::Postgres(locks, conn) => locks.members(conn).await,
+            Session::Postgres(locks, conn) => locks.members(conn, settled).await,
             Session::MySql(locks, conn) => locks.members(conn).await,
         }
     }
@@ -112,6 +114,7 @@ impl Leases {
             locks,
             offset: rand::random_range(0..SHARDS),
             held: Vec::new(),
+            settled: false,
             refresh_every,
             next_refresh: Instant::now(),
         }))
@@ -141,8 +144,10 @@ impl Leases {
     /// Refused when this session no longer holds its membership: a pooler or proxy ran the
     /// statement on another server session.
     pub async fn refresh(&mut self, table: &mut OutboxTable) -> Result<(), SourceError> {
-        self.next_refresh = Instant::now() + self.refresh_every;
-        let members = self.locks.on(table)?.members().await?;
+        // Jittered, so pumps started together (tenants) do not all refresh in the same instant.
+        self.next_refresh =
+            Instant::now() + self.refresh_every.mul_f64(rand::random_range(0.9..1.1));
+        let members = self.locks.on(table)?.members(self.settled).await?;
         let members_usize = usize::try_from(members.max(1)).unwrap_or(1);
         let fair = (SHARDS as usize).div_ceil(members_usize);
 
@@ -176,11 +181,16 @@ impl Leases {
                 );
             }
         }
+        // Settled at the fair share, or at what is left when every other replica holds its own
+        // (with 3 replicas, 86 + 86 leave 84): short of that, another replica still holds more
+        // than its share, as it has not counted this one yet.
+        let left = (SHARDS as usize).saturating_sub(fair * (members_usize - 1));
+        self.settled = self.held.len() >= fair.min(left);
         Ok(())
     }
 
     /// Releases every lease and the membership, so other replicas take over at once.
-    pub async fn leave(self, table: &mut OutboxTable) -> Result<(), SourceError> {
+    pub async fn leave(mut self, table: &mut OutboxTable) -> Result<(), SourceError> {
         self.locks.on(table)?.release(&self.held).await?;
         self.locks.on(table)?.leave().await?;
         Ok(())

@@ -7,7 +7,9 @@
 //! The live replicas are counted by probing each membership slot with a shared lock (taken and
 //! dropped at once), not by reading `pg_locks`: that view copies every lock of the whole server,
 //! so with many tenant databases on one server each refresh would cost as much as all their
-//! leases together.
+//! leases together. And between counts a refresh probes only the slots last seen held and a
+//! "joining" flag: the replicas change only when a known slot comes free (a replica left or
+//! died) or a new one joins, and a new one holds the flag until it has its fair share.
 
 use super::SHARDS;
 use crate::error::SourceError;
@@ -24,13 +26,29 @@ const FIRST_SLOT: i32 = SHARDS as i32;
 /// The last membership slot: as many as shards, since a replica beyond that would lease none.
 const LAST_SLOT: i32 = FIRST_SLOT + SHARDS as i32 - 1;
 
-/// This replica's advisory locks: the table's lock space, its membership slot and the server
-/// session that holds them.
+/// The joining flag `($1, JOINING)`, held shared by every replica from its join until it holds
+/// its fair share, so the others count the slots again.
+const JOINING: i32 = LAST_SLOT + 1;
+
+/// Whether another session holds the joining flag (`$4`): this one's shared hold does not refuse
+/// its own exclusive probe.
+const ANOTHER_JOINING: &str =
+    "CASE WHEN pg_try_advisory_lock($1, $4) THEN NOT pg_advisory_unlock($1, $4) ELSE true END";
+
+/// A full count at least every this many refreshes, in case a joining replica's flag came and
+/// went between two of this one's refreshes (a long batch delays them).
+const RECOUNT_EVERY: u32 = 60;
+
+/// This replica's advisory locks: the table's lock space, its membership slot, the server
+/// session that holds them, and the other replicas' slots as last counted.
 #[derive(Debug)]
 pub(super) struct AdvisoryLocks {
     space: i32,
     member: i32,
     backend: i32,
+    others: Vec<i32>,
+    joining: bool,
+    since_count: u32,
 }
 
 /// The server session's process id, asked on the simple protocol.
@@ -70,6 +88,13 @@ impl AdvisoryLocks {
                 .bind(table.quoted('"'))
                 .fetch_one(&mut *conn)
                 .await?;
+        // Flagged before it holds a slot, so no replica counts it without counting again once
+        // the flag is gone. Blocks only on another replica's probe, which drops it at once.
+        sqlx::query("SELECT pg_advisory_lock_shared($1, $2)")
+            .bind(space)
+            .bind(JOINING)
+            .execute(&mut *conn)
+            .await?;
         let slot: Option<(i32, i32)> = sqlx::query_as(
             // generate_series yields the slots in order and LIMIT stops at the first one taken.
             "SELECT k, pg_backend_pid() FROM generate_series($2, $3) k \
@@ -85,24 +110,69 @@ impl AdvisoryLocks {
                 "{SHARDS} relays already publish this outbox, one per shard"
             )));
         };
-        let locks = AdvisoryLocks {
+        let mut locks = AdvisoryLocks {
             space,
             member,
             backend,
+            others: Vec::new(),
+            joining: true,
+            since_count: 0,
         };
-        locks.members(conn).await?;
+        locks.count(conn).await?;
         Ok(locks)
     }
 
-    /// The live replicas: the membership slots held in this database. Refused when the statement
-    /// did not run in the session that holds this replica's slot (a pooler in transaction mode
-    /// ran it elsewhere): another session, or one where the slot is held by someone else.
-    pub async fn members(&self, conn: &mut PgConnection) -> Result<i64, SourceError> {
-        let (backend, others, own_slot_used): (i32, i64, bool) =
+    /// The live replicas. Between counts it asks only whether a slot last seen held came free or
+    /// a replica is joining, and counts again when one did. `settled`: this replica holds its
+    /// fair share, so it drops its joining flag.
+    ///
+    /// Refused when the statement did not run in the session that holds this replica's slot (a
+    /// pooler in transaction mode ran it elsewhere): another session, or one where the slot is
+    /// held by someone else.
+    pub async fn members(
+        &mut self,
+        conn: &mut PgConnection,
+        settled: bool,
+    ) -> Result<i64, SourceError> {
+        if self.joining && settled {
+            sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
+                .bind(self.space)
+                .bind(JOINING)
+                .execute(&mut *conn)
+                .await?;
+            self.joining = false;
+        }
+        let known: Vec<i32> = self.others.iter().copied().chain([self.member]).collect();
+        let (backend, own_slot_used, known_freed, joining): (i32, bool, bool, bool) =
             sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 // MATERIALIZED: each slot probed once, however often `used` is read.
+                "WITH known AS MATERIALIZED (SELECT k, {SLOT_USED} AS used FROM unnest($2::int4[]) k) \
+                 SELECT pg_backend_pid(), coalesce(bool_or(used) FILTER (WHERE k = $3), true), \
+                        coalesce(bool_or(NOT used) FILTER (WHERE k <> $3), false), \
+                        {ANOTHER_JOINING} FROM known"
+            )))
+            .bind(self.space)
+            .bind(known)
+            .bind(self.member)
+            .bind(JOINING)
+            .fetch_one(&mut *conn)
+            .await?;
+        if backend != self.backend || own_slot_used {
+            return Err(pooled());
+        }
+        self.since_count += 1;
+        if known_freed || joining || self.since_count >= RECOUNT_EVERY {
+            self.count(conn).await?;
+        }
+        Ok(i64::try_from(self.others.len()).unwrap_or(i64::MAX) + 1)
+    }
+
+    /// Probes every membership slot: which the other replicas hold.
+    async fn count(&mut self, conn: &mut PgConnection) -> Result<(), SourceError> {
+        let (backend, others, own_slot_used): (i32, Vec<i32>, bool) =
+            sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "WITH slots AS MATERIALIZED (SELECT k, {SLOT_USED} AS used FROM generate_series($2, $3) k) \
-                 SELECT pg_backend_pid(), count(*) FILTER (WHERE used AND k <> $4), \
+                 SELECT pg_backend_pid(), coalesce(array_agg(k) FILTER (WHERE used AND k <> $4), '{{}}'), \
                         coalesce(bool_or(used) FILTER (WHERE k = $4), true) FROM slots"
             )))
             .bind(self.space)
@@ -114,7 +184,9 @@ impl AdvisoryLocks {
         if backend != self.backend || own_slot_used {
             return Err(pooled());
         }
-        Ok(others + 1)
+        self.others = others;
+        self.since_count = 0;
+        Ok(())
     }
 
     /// Leases up to `want` of the free shards among `candidates`, in their order.
@@ -150,13 +222,20 @@ impl AdvisoryLocks {
         Ok(())
     }
 
-    /// Releases the membership.
+    /// Releases the membership, and the joining flag if still held.
     pub async fn leave(&self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT pg_advisory_unlock($1, $2)")
             .bind(self.space)
             .bind(self.member)
             .execute(&mut *conn)
             .await?;
+        if self.joining {
+            sqlx::query("SELECT pg_advisory_unlock_shared($1, $2)")
+                .bind(self.space)
+                .bind(JOINING)
+                .execute(&mut *conn)
+                .await?;
+        }
         Ok(())
     }
 }
