@@ -267,6 +267,39 @@ async fn a_poison_row_is_parked_and_holds_its_aggregate_while_others_flow() {
     assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
 }
 
+/// A row parked before the relay started (by a relay since gone, or by hand) holds its aggregate:
+/// the relay learns what is held from the table at each claim, not from what it parked itself.
+#[tokio::test]
+async fn a_row_parked_before_the_relay_started_holds_its_aggregate() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let m = MariaDb::new().await;
+    m.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, parked_at, last_error)
+         VALUES (UUID(), 'meter', 'p', 'Reading', '{\"meter\": \"p\", \"n\": 1}', UTC_TIMESTAMP(6), 'parked by hand')",
+    )
+    .await
+    .unwrap();
+    m.record(0..20, 4).await;
+    m.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES (UUID(), 'meter', 'p', 'Reading', '{\"meter\": \"p\", \"n\": 2}')",
+    )
+    .await
+    .unwrap();
+    let mut relay = m.spawn_relay(&[]);
+    let received = consume(&[&m.topic()], 20, Duration::from_secs(60)).await;
+    m.wait_until_drained(Duration::from_secs(30)).await;
+    // Long enough for several claims and lease refreshes past the drain.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status = m.command(&["status"]);
+    assert!(
+        status.contains("backlog:            1 events"),
+        "p's second reading waits behind its parked first one: {status}"
+    );
+    assert!(readings_of(&received, "p").is_empty(), "{received:?}");
+    assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+}
+
 /// How many shard leases each relay session holds, by asking `IS_USED_LOCK` of every shard's
 /// named lock (MySQL lists no named locks that MariaDB lists too).
 async fn lease_holders(m: &MariaDb) -> Vec<i64> {
