@@ -14,7 +14,7 @@
 pub enum SourceError {
     /// The database cannot be reached now, or failed: the relay waits for it and tries again.
     #[error("database: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] sqlx::Error),
     /// The relay must not run as configured (it would publish events twice, or the database
     /// cannot serve the source): it does not start.
     #[error("{0}")]
@@ -33,5 +33,26 @@ impl SourceError {
     /// Whether trying again later may succeed (the database was away), as opposed to a refusal.
     pub fn is_temporary(&self) -> bool {
         !matches!(self, SourceError::Refused(_))
+    }
+}
+
+impl From<sqlx::Error> for SourceError {
+    /// A database error, or a refusal when it shows the statements reach server sessions that
+    /// other connections share: sqlx names its prepared statements per connection, so on
+    /// PostgreSQL one that already exists (42P05) or has gone (26000) means a pooler in
+    /// transaction mode, where retrying would fail the same way for ever.
+    fn from(error: sqlx::Error) -> Self {
+        if let sqlx::Error::Database(e) = &error
+            && e.try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some_and(|e| matches!(e.code(), "42P05" | "26000"))
+        {
+            return SourceError::Refused(format!(
+                "{error}: the relay's statements reach server sessions its other connections \
+                 share, as through a pooler in transaction mode (PgBouncer's pool_mode = \
+                 transaction, say). Connect the relay to PostgreSQL directly, or through a pool \
+                 in session mode"
+            ));
+        }
+        SourceError::Database(error)
     }
 }

@@ -1,7 +1,9 @@
 //! A relay behind PgBouncer (Debian's, started here) in transaction mode: its statements run in
 //! whichever server session is free, so its session locks (the shard leases) would not be its
 //! own, and two replicas could publish one shard. The relay finds out at start and refuses with a
-//! clear error; in session mode, the same relay runs.
+//! clear error; in session mode, the same relay runs. With a pool of one server session, which
+//! passes that check, the relay's connections share the session and their prepared statements
+//! collide: that is refused too, with the same advice.
 
 mod common;
 
@@ -39,7 +41,8 @@ impl Drop for Dir {
 }
 
 impl PgBouncer {
-    fn start(database: &str, pool_mode: &str) -> PgBouncer {
+    /// Round robin over up to `pool_size` server sessions.
+    fn start(database: &str, pool_mode: &str, pool_size: u32) -> PgBouncer {
         let url = outbox_tests::postgres_url();
         let (_, rest) = url.split_once('@').unwrap();
         let (authority, _) = rest.split_once('/').unwrap();
@@ -57,7 +60,7 @@ impl PgBouncer {
                 "[databases]\n{database} = host={host} port={port} dbname={database} user=postgres\n\
                  [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {listen}\nunix_socket_dir =\n\
                  auth_type = trust\nauth_file = {users}\npool_mode = {pool_mode}\n\
-                 server_round_robin = 1\ndefault_pool_size = 4\n\
+                 server_round_robin = 1\ndefault_pool_size = {pool_size}\n\
                  ignore_startup_parameters = options,extra_float_digits\n",
                 users = users.display()
             ),
@@ -103,10 +106,9 @@ impl Drop for PgBouncer {
     }
 }
 
-#[tokio::test]
-async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
-    // A database of its own: PgBouncer passes no search_path (it ignores `options`), so the
-    // outbox is in its public schema. `admin` watches it from the test PostgreSQL.
+/// A database of its own, migrated: PgBouncer passes no search_path (it ignores `options`), so
+/// the outbox is in its public schema. The fixture watches it from the test PostgreSQL.
+async fn pooled_database() -> (Fixture, String) {
     let database = format!("pooled_{}", seaorm_outbox::Uuid::now_v7().simple());
     let admin = Fixture::new().await;
     admin
@@ -120,11 +122,48 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
         format!("{base}/{database}")
     };
     common::migrate(&direct);
+    (admin, database)
+}
+
+/// Transaction mode with a pool of one: every statement runs in the one server session, so the
+/// session checks pass, but the relay's connections (the pump's, the sampler's, the pruner's)
+/// share it, and a prepared statement one made is there when another makes its own. The relay
+/// stops with the pooler advice instead of reconnecting for ever.
+#[tokio::test]
+async fn a_relay_behind_a_transaction_mode_pooler_of_one_session_refuses_to_run() {
+    let (admin, database) = pooled_database().await;
+    let half_a_minute = Duration::from_secs(30);
+    let bouncer = PgBouncer::start(&database, "transaction", 1);
+    let mut relay = relay_command()
+        .args(["run", "--database-url", &bouncer.url(&database)])
+        .args(["--sink", "stdout", "--http-addr", "off"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (status, stderr) = common::wait_for_exit(
+        &mut relay,
+        half_a_minute,
+        "the relay ran behind a transaction-mode pooler of one session",
+    );
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("pooler in transaction mode"), "{stderr}");
+    drop(bouncer);
+    admin
+        .db
+        .execute_unprepared(&format!("DROP DATABASE {database} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
+    let (admin, database) = pooled_database().await;
     let half_a_minute = Duration::from_secs(30);
     let sessions = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = '{database}'");
 
     for (mode, refused) in [("transaction", true), ("session", false)] {
-        let bouncer = PgBouncer::start(&database, mode);
+        let bouncer = PgBouncer::start(&database, mode, 4);
         if refused {
             // Four clients at once open four server sessions, which stay in the pool: the
             // relay's statements are then spread over them, as on a busy pooler.
