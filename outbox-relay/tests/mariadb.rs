@@ -289,8 +289,10 @@ async fn a_row_parked_before_the_relay_started_holds_its_aggregate() {
     let mut relay = m.spawn_relay(&[]);
     let received = consume(&[&m.topic()], 20, Duration::from_secs(60)).await;
     m.wait_until_drained(Duration::from_secs(30)).await;
-    // Long enough for several claims and lease refreshes past the drain.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A later event published proves a claim ran past p's second reading: claims go in `seq`
+    // order, so that reading would have gone out first, had it not been held.
+    m.record(20..21, 4).await;
+    m.wait_until_drained(Duration::from_secs(30)).await;
     let status = m.command(&["status"]);
     assert!(
         status.contains("backlog:            1 events"),

@@ -125,6 +125,24 @@ async fn pooled_database() -> (Fixture, String) {
     (admin, database)
 }
 
+/// The relay behind `bouncer`, its log on a pipe.
+fn spawn_relay(bouncer: &PgBouncer, database: &str) -> std::process::Child {
+    relay_command()
+        .args(["run", "--database-url", &bouncer.url(database)])
+        .args(["--sink", "stdout", "--http-addr", "off"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `relay` to stop with exit code 1 and the pooler advice.
+fn assert_refused(relay: &mut std::process::Child, otherwise: &str) {
+    let (status, stderr) = common::wait_for_exit(relay, Duration::from_secs(30), otherwise);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("pooler in transaction mode"), "{stderr}");
+}
+
 /// Transaction mode with a pool of one: every statement runs in the one server session, so the
 /// session checks pass, but the relay's connections (the pump's, the sampler's, the pruner's)
 /// share it, and a prepared statement one made is there when another makes its own. The relay
@@ -132,22 +150,12 @@ async fn pooled_database() -> (Fixture, String) {
 #[tokio::test]
 async fn a_relay_behind_a_transaction_mode_pooler_of_one_session_refuses_to_run() {
     let (admin, database) = pooled_database().await;
-    let half_a_minute = Duration::from_secs(30);
     let bouncer = PgBouncer::start(&database, "transaction", 1);
-    let mut relay = relay_command()
-        .args(["run", "--database-url", &bouncer.url(&database)])
-        .args(["--sink", "stdout", "--http-addr", "off"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (status, stderr) = common::wait_for_exit(
+    let mut relay = spawn_relay(&bouncer, &database);
+    assert_refused(
         &mut relay,
-        half_a_minute,
         "the relay ran behind a transaction-mode pooler of one session",
     );
-    assert_eq!(status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("pooler in transaction mode"), "{stderr}");
     drop(bouncer);
     admin
         .db
@@ -182,21 +190,9 @@ async fn a_relay_behind_a_transaction_mode_pooler_refuses_to_run() {
             let fewer_than_four = format!("SELECT greatest(4 - ({sessions}), 0)");
             admin.wait_until_zero(&fewer_than_four, half_a_minute).await;
         }
-        let mut relay = relay_command()
-            .args(["run", "--database-url", &bouncer.url(&database)])
-            .args(["--sink", "stdout", "--http-addr", "off"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut relay = spawn_relay(&bouncer, &database);
         if refused {
-            let (status, stderr) = common::wait_for_exit(
-                &mut relay,
-                half_a_minute,
-                "the relay ran behind a transaction-mode pooler",
-            );
-            assert_eq!(status.code(), Some(1), "{stderr}");
-            assert!(stderr.contains("pooler in transaction mode"), "{stderr}");
+            assert_refused(&mut relay, "the relay ran behind a transaction-mode pooler");
         } else {
             // Running, and holding every shard through its one session.
             let shards_free = format!(

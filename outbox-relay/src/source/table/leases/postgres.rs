@@ -157,14 +157,21 @@ impl AdvisoryLocks {
             .bind(JOINING)
             .fetch_one(&mut *conn)
             .await?;
-        if backend != self.backend || own_slot_used {
-            return Err(pooled());
-        }
+        self.check_session(backend, own_slot_used)?;
         self.since_count += 1;
         if known_freed || joining || self.since_count >= RECOUNT_EVERY {
             self.count(conn).await?;
         }
         Ok(i64::try_from(self.others.len()).unwrap_or(i64::MAX) + 1)
+    }
+
+    /// Refused unless the statement ran in the session that holds this replica's slot: the same
+    /// server process, where the slot probed free.
+    fn check_session(&self, backend: i32, own_slot_used: bool) -> Result<(), SourceError> {
+        if backend != self.backend || own_slot_used {
+            return Err(pooled());
+        }
+        Ok(())
     }
 
     /// Probes every membership slot: which the other replicas hold.
@@ -181,9 +188,7 @@ impl AdvisoryLocks {
             .bind(self.member)
             .fetch_one(&mut *conn)
             .await?;
-        if backend != self.backend || own_slot_used {
-            return Err(pooled());
-        }
+        self.check_session(backend, own_slot_used)?;
         self.others = others;
         self.since_count = 0;
         Ok(())
