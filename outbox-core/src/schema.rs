@@ -133,4 +133,26 @@ pub const STEPS: &[SchemaStep] = &[
         mysql_down: "ALTER TABLE outbox DROP COLUMN recorded, DROP COLUMN held_at;",
         inbox_down: "",
     },
+    SchemaStep {
+        name: "m0003_claimable",
+        postgres: include_str!("../sql/postgres/0003_claimable.sql"),
+        sqlite: include_str!("../sql/sqlite/0003_claimable.sql"),
+        mysql: include_str!("../sql/mysql/0003_claimable.sql"),
+        // An index's name alone may name another schema's: the table's own are found by its row
+        // type (`NULL::outbox` names the table as every statement here does).
+        postgres_down: "DO $$
+DECLARE found regclass;
+BEGIN
+    FOR found IN
+        SELECT i.indexrelid::regclass FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        WHERE i.indrelid = (SELECT t.typrelid FROM pg_type t WHERE t.oid = pg_typeof(NULL::outbox))
+          AND (c.relname LIKE '%\\_claimable' OR c.relname LIKE '%\\_retrying')
+    LOOP
+        EXECUTE format('DROP INDEX %s', found);
+    END LOOP;
+END $$;",
+        sqlite_down: "SELECT 1;",
+        mysql_down: "DO 0;",
+        inbox_down: "",
+    },
 ];
