@@ -203,9 +203,16 @@ pub async fn skip(
     execute(database_url, table, sql, params).await
 }
 
+/// Makes the rows that polling relays held behind the aggregates `$1` (types) and `$2` (ids)
+/// claimable again: their blocker was just retried or skipped.
+const RELEASE_HELD: &str = "UPDATE outbox SET held_at = NULL
+     WHERE held_at IS NOT NULL AND published_at IS NULL
+       AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))";
+
 /// Runs one of this module's updates, written by `sql` for the table's source (`true`: a WAL relay
-/// reads it); under the WAL source with the release of the aggregates it changed, in one
-/// transaction.
+/// reads it), with the release of the aggregates it changed in the same transaction: on
+/// PostgreSQL, under the WAL source a release written into the WAL, under polling relays the
+/// rows their claims held behind those events (`held_at`) made claimable again.
 async fn execute(
     database_url: &str,
     table: &TableName,
@@ -217,7 +224,7 @@ async fn execute(
     let (sql, order) = dialect(&table, &sql(wal));
     // Audited: the statement is built from this module's fragments; every value is a parameter.
     let rows = match &mut table.conn {
-        Connection::Postgres(conn) if wal => {
+        Connection::Postgres(conn) => {
             let mut tx = conn.begin().await?;
             let sql = format!("{sql} RETURNING aggregate_type, aggregate_id");
             let mut query =
@@ -228,22 +235,27 @@ async fn execute(
             let changed = query.fetch_all(&mut *tx).await?;
             let aggregates: std::collections::BTreeSet<&(String, String)> =
                 changed.iter().collect();
-            if !aggregates.is_empty() {
+            if wal && !aggregates.is_empty() {
                 sqlx::query("SELECT pg_logical_emit_message(true, $1, $2)")
                     .bind(crate::source::wal::RELEASE_PREFIX)
                     .bind(serde_json::to_string(&aggregates).expect("strings serialize"))
                     .execute(&mut *tx)
                     .await?;
+            } else if !aggregates.is_empty() {
+                let (types, ids): (Vec<&str>, Vec<&str>) = aggregates
+                    .iter()
+                    .map(|(t, i)| (t.as_str(), i.as_str()))
+                    .unzip();
+                // Audited: the table's name, checked to be identifiers only; values are bound.
+                let release_held = table.name.rewrite(RELEASE_HELD, '"');
+                sqlx::query(sqlx::AssertSqlSafe(&*release_held))
+                    .bind(types)
+                    .bind(ids)
+                    .execute(&mut *tx)
+                    .await?;
             }
             tx.commit().await?;
             changed.len() as u64
-        }
-        Connection::Postgres(conn) => {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
-            for p in &params {
-                query = query.bind(p);
-            }
-            query.execute(conn).await?.rows_affected()
         }
         Connection::Sqlite(conn) => {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));

@@ -630,3 +630,26 @@ fn sigterm_during_start_up_still_stops_the_relay_with_exit_0() {
     assert_eq!(status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("relay running"), "{stderr}");
 }
+
+/// A table migrated before schema version 3 lacks the claim's index: the relay says so and what
+/// to run, instead of claiming through the whole backlog.
+#[tokio::test]
+async fn a_relay_on_a_table_without_schema_version_3_says_to_migrate() {
+    use seaorm_outbox::sea_orm::ConnectionTrait;
+    let f = Fixture::new().await;
+    f.db.execute_unprepared("DROP INDEX outbox_claimable")
+        .await
+        .unwrap();
+    let mut relay = f.spawn_relay(&[]);
+    let (status, _) = common::wait_for_exit(
+        &mut relay,
+        Duration::from_secs(30),
+        "the relay ran on a table without schema version 3",
+    );
+    let stderr = relay.log();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("needs schema version 3") && stderr.contains("outbox-relay migrate"),
+        "{stderr}"
+    );
+}

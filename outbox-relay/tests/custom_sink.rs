@@ -279,3 +279,104 @@ async fn an_ack_that_never_comes_fails_its_event_after_ack_timeout_and_the_rest_
     shutdown.cancel();
     running.await.unwrap();
 }
+
+/// Fails the aggregate `flaky` while `failing` is set, as a broker partition that is away.
+#[derive(Clone, Default)]
+struct FlakySink {
+    published: Arc<Mutex<Vec<(String, i64)>>>,
+    failing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Sink for FlakySink {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+
+    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
+        let failing = self.failing.load(std::sync::atomic::Ordering::SeqCst);
+        let answer = if failing && message.key == "flaky" {
+            Err(SinkError::new("the partition is away"))
+        } else {
+            self.published
+                .lock()
+                .unwrap()
+                .push((message.key.clone(), message.seq));
+            Ok(())
+        };
+        Box::pin(async move { Ok(Box::pin(async move { answer }) as Ack) })
+    }
+}
+
+/// While an aggregate's first event backs off, the claim holds (`held_at`) its later events, those
+/// recorded before the failure and those recorded while it is retried, so no claim reads them
+/// again; once it is published they are released in the same transaction and go out in order.
+#[tokio::test]
+async fn an_aggregate_behind_a_retried_event_is_held_and_resumes_in_order() {
+    let f = Fixture::new().await;
+    let insert = |from: i32, to: i32| {
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+             SELECT gen_random_uuid(), 'cart', key, 'CartChanged', jsonb_build_object('g', g)
+             FROM generate_series({from}, {to}) g, (VALUES ('flaky'), ('steady')) k(key)
+             ORDER BY g, key"
+        )
+    };
+    f.db.execute_unprepared(&insert(1, 5)).await.unwrap();
+    let sink = FlakySink::default();
+    sink.failing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut config = f.relay_config();
+    config.max_backoff = Duration::from_millis(300);
+    config.batch_size = 2;
+    let relay = Relay::new(config, sink.clone());
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { relay.run(shutdown).await.expect("the relay refused to run") }
+    });
+    let held = "SELECT count(*) FROM outbox WHERE aggregate_id = 'flaky' AND held_at IS NOT NULL";
+    let waiting = |n: i64| {
+        format!(
+            "SELECT abs(({held}) - {n}) + (SELECT count(*) FROM outbox \
+             WHERE aggregate_id = 'steady' AND published_at IS NULL)"
+        )
+    };
+    // The first event backs off; the four behind it are held, and the other aggregate flows.
+    f.wait_until_zero(&waiting(4), Duration::from_secs(30))
+        .await;
+    // Recorded while the first one is retried: held as the claim meets them.
+    f.db.execute_unprepared(&insert(6, 8)).await.unwrap();
+    f.wait_until_zero(&waiting(7), Duration::from_secs(30))
+        .await;
+    assert!(
+        f.scalar("SELECT max(attempts)::bigint FROM outbox WHERE aggregate_id = 'flaky'")
+            .await
+            >= 1
+    );
+
+    sink.failing
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    f.wait_until_zero(
+        "SELECT count(*) FROM outbox WHERE published_at IS NULL",
+        Duration::from_secs(30),
+    )
+    .await;
+    shutdown.cancel();
+    running.await.unwrap();
+
+    assert_eq!(f.scalar(held).await, 0, "every held event was released");
+    let published = sink.published.lock().unwrap().clone();
+    let flaky: Vec<i64> = published
+        .iter()
+        .filter(|(k, _)| k == "flaky")
+        .map(|(_, s)| *s)
+        .collect();
+    let recorded = f
+        .scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'flaky'")
+        .await;
+    assert_eq!(flaky.len() as i64, recorded, "each event once: {flaky:?}");
+    assert!(
+        flaky.windows(2).all(|w| w[0] < w[1]),
+        "the aggregate's events in the order recorded: {flaky:?}"
+    );
+}

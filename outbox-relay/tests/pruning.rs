@@ -70,17 +70,21 @@ async fn claim_plan(f: &Fixture) -> String {
 
 fn assert_walks_the_partial_index(plan: &str) {
     assert!(
-        plan.contains("Index Scan using outbox_unpublished on outbox o"),
+        plan.contains("Index Scan using outbox_claimable on outbox o"),
         "{plan}"
+    );
+    assert!(
+        plan.contains("Index Scan using outbox_retrying on outbox"),
+        "the due retries are walked through their index:\n{plan}"
     );
     assert!(
         plan.contains("outbox_blocked"),
         "the blocked-aggregate check uses its index:\n{plan}"
     );
-    // The one sort allowed orders the claimed rows (at most a batch) for their running byte total.
+    // The one sort allowed orders the claimed rows of the two walks (at most a batch) by `seq`.
     assert!(
         !plan.contains("Seq Scan")
-            && plan.matches("Sort  (").count() == plan.matches("Sort Key: c.seq").count(),
+            && plan.matches("Sort  (").count() == plan.matches("Sort Key: w.seq").count(),
         "{plan}"
     );
 }

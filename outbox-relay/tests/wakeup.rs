@@ -53,7 +53,7 @@ async fn notify_wakes_an_idle_relay() {
     // Its first claim (which finds nothing) must be over, so only a notification can wake it: once
     // it holds its leases, its connection goes idle after the claim.
     f.wait_until_zero(
-        "SELECT 1 - count(*) FROM pg_stat_activity a WHERE a.state = 'idle' AND a.query LIKE '%WITH held AS%' \
+        "SELECT 1 - count(*) FROM pg_stat_activity a WHERE a.state = 'idle' AND a.query LIKE '%WITH gate AS%' \
            AND a.pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
              AND classid = hashtext('outbox-relay:' || 'outbox'::regclass::oid::text)::oid)",
         Duration::from_secs(30),

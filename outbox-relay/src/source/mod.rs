@@ -30,8 +30,9 @@ pub(crate) struct Opened {
     call_limit: Duration,
 }
 
+/// Each boxed: a pump holds one, and the two differ in size.
 enum Kind {
-    Table(TableSource),
+    Table(Box<TableSource>),
     Wal(Box<WalStream>),
 }
 
@@ -44,7 +45,9 @@ impl Opened {
         tasks: &BackgroundTasks,
     ) -> Result<Self, SourceError> {
         let source = match &config.source {
-            config::Source::Table => Kind::Table(TableSource::open(config, outbox, tasks).await?),
+            config::Source::Table => {
+                Kind::Table(Box::new(TableSource::open(config, outbox, tasks).await?))
+            }
             config::Source::Wal(source) => {
                 Kind::Wal(Box::new(WalStream::open(config, source).await?))
             }

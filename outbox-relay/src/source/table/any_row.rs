@@ -97,7 +97,7 @@ proptest! {
                     outcome.parked.push((row.key(), reason));
                 }
             }
-            table.settle(&outcome, Mode::Mark).await.expect("settling by seq works");
+            table.settle(&outcome, Mode::Mark, &[]).await.expect("settling by seq works");
             let Connection::Sqlite(conn) = &mut table.conn else { unreachable!() };
             let (done,): (i64,) = sqlx::query_as(
                 "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL OR parked_at IS NOT NULL",

@@ -36,8 +36,9 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 pub use crate::config::Mode;
@@ -52,9 +53,24 @@ pub(crate) struct TableSource {
     wakeups: Option<Arc<Notify>>,
     mode: Mode,
     hold_parked: bool,
+    /// The claimed rows (by id) that had failed before, so blocked their aggregate until now
+    /// (PostgreSQL, whose claim holds the rows behind them): publishing one, or parking it when
+    /// parked aggregates are not held back, releases those rows in the same transaction.
+    retried: HashSet<String>,
+    /// When the held rows that nothing blocks any more are next released (PostgreSQL).
+    next_release: Instant,
     /// Its metrics' labels: the table, and the tenant if any.
     labels: Vec<(&'static str, String)>,
 }
+
+/// How often a pump releases the held rows of its shards that nothing blocks any more: the safety
+/// net behind the releases made where a blocker goes (see [`postgres::RELEASE_UNBLOCKED`]).
+const RELEASE_EVERY: Duration = Duration::from_secs(60);
+
+/// How many claims in a row may find only rows to hold (the claim holds at most a batch of them)
+/// before the pump goes on with its loop: a backlog of waiting aggregates' rows is held a batch
+/// at a time, without waiting between claims.
+const HOLDING_CLAIMS: usize = 16;
 
 impl TableSource {
     /// Connects, joins the replicas (PostgreSQL and MySQL) and listens for new rows if asked to; the
@@ -67,6 +83,11 @@ impl TableSource {
         let mut table = SessionConfig::of(config, outbox)
             .open(&outbox.table)
             .await?;
+        if let Connection::Postgres(conn) = &mut table.conn
+            && let Some(refusal) = postgres::check_schema(conn, &table.name).await?
+        {
+            return Err(SourceError::Refused(refusal));
+        }
         let leases = Leases::join(&mut table, config.lease_refresh).await?;
         let wakeups = match config.wakeup {
             Wakeup::Notify => {
@@ -81,6 +102,8 @@ impl TableSource {
             wakeups,
             mode: config.mode,
             hold_parked: !config.skip_parked,
+            retried: HashSet::new(),
+            next_release: Instant::now(),
             labels: outbox.labels(),
         })
     }
@@ -92,15 +115,37 @@ impl Source for TableSource {
     /// may still come.
     async fn claim(&mut self, limits: &Limits, in_flight: &[i64]) -> Result<Claim, SourceError> {
         let shards = self.leases.as_ref().map_or(&[0][..], Leases::held);
-        Ok(self
+        if Instant::now() >= self.next_release {
+            self.table
+                .release_unblocked(shards, self.hold_parked)
+                .await?;
+            self.next_release = Instant::now() + RELEASE_EVERY;
+        }
+        let mut claim = self
             .table
             .claim(limits, shards, self.hold_parked, in_flight)
-            .await?)
+            .await?;
+        for _ in 1..HOLDING_CLAIMS {
+            if !claim.rows.is_empty() || !claim.full {
+                break;
+            }
+            claim = self
+                .table
+                .claim(limits, shards, self.hold_parked, in_flight)
+                .await?;
+        }
+        if self.table.holds_rows() {
+            let retried = claim.rows.iter().filter(|row| row.attempts > 0);
+            self.retried.extend(retried.map(|row| row.id.clone()));
+        }
+        Ok(claim)
     }
 
-    /// Writes what became of a batch, in one short transaction.
+    /// Writes what became of a batch, in one short transaction, with the release of the rows
+    /// held behind the rows that stop blocking their aggregate.
     async fn settle(&mut self, outcome: &Outcome) -> Result<(), SourceError> {
-        Ok(self.table.settle(outcome, self.mode).await?)
+        let released = self.released(outcome);
+        Ok(self.table.settle(outcome, self.mode, &released).await?)
     }
 
     /// Resolves when a transaction inserted into the outbox (never without `--wakeup notify`).
@@ -130,8 +175,13 @@ impl Source for TableSource {
     /// Takes and releases shards towards this replica's fair share (nothing in flight).
     async fn rebalance(&mut self) -> Result<(), SourceError> {
         if let Some(leases) = &mut self.leases {
+            let before = leases.held().to_vec();
             leases.refresh(&mut self.table).await?;
             metrics::shards(&self.labels, leases.held().len());
+            if leases.held() != before {
+                // Rows held under the shards' last owner's settings are seen to at once.
+                self.next_release = Instant::now();
+            }
         }
         Ok(())
     }
@@ -142,6 +192,30 @@ impl Source for TableSource {
             leases.leave(&mut self.table).await?;
         }
         Ok(())
+    }
+}
+
+impl TableSource {
+    /// The rows of `outcome` whose aggregates' held rows go free with it: the retried rows it
+    /// publishes, and the rows it parks when parked aggregates are not held back. Forgets what
+    /// `outcome` settles.
+    fn released(&mut self, outcome: &Outcome) -> Vec<uuid::Uuid> {
+        let mut released = Vec::new();
+        for key in &outcome.published {
+            if self.retried.remove(&key.id) {
+                released.extend(uuid::Uuid::parse_str(&key.id).ok());
+            }
+        }
+        for (key, _) in &outcome.parked {
+            if self.retried.remove(&key.id) && !self.hold_parked {
+                released.extend(uuid::Uuid::parse_str(&key.id).ok());
+            }
+        }
+        for (key, _, _) in &outcome.failed {
+            // Still blocking; it is remembered again when claimed again.
+            self.retried.remove(&key.id);
+        }
+        released
     }
 }
 
@@ -423,6 +497,41 @@ impl OutboxTable {
         }
     }
 
+    /// Whether the claim holds the rows of the aggregates that wait (PostgreSQL): they must be
+    /// released when their aggregate's blocker goes.
+    pub fn holds_rows(&self) -> bool {
+        matches!(self.conn, Connection::Postgres(_))
+    }
+
+    /// Releases the held rows of `shards` that nothing blocks any more, with parked aggregates
+    /// held back if `hold_parked` (PostgreSQL; nothing to do elsewhere).
+    pub async fn release_unblocked(
+        &mut self,
+        shards: &[i16],
+        hold_parked: bool,
+    ) -> Result<u64, sqlx::Error> {
+        let Connection::Postgres(conn) = &mut self.conn else {
+            return Ok(0);
+        };
+        let released = sqlx::query(on(
+            &self.name,
+            postgres::RELEASE_UNBLOCKED,
+            Backend::Postgres,
+        ))
+        .bind(shard_mask(shards))
+        .bind(hold_parked)
+        .execute(conn)
+        .await?
+        .rows_affected();
+        if released > 0 {
+            tracing::info!(
+                released,
+                "released held events that nothing blocks any more"
+            );
+        }
+        Ok(released)
+    }
+
     /// The PostgreSQL connection, for the shard leases; `None` on SQLite and MySQL.
     pub fn postgres(&mut self) -> Option<&mut PgConnection> {
         match &mut self.conn {
@@ -498,24 +607,31 @@ pub(crate) fn shard_mask(shards: &[i16]) -> Vec<u8> {
 }
 
 impl OutboxTable {
-    /// Records the outcome of a batch: on its own when it is one statement (a batch all
-    /// published, nearly every batch: a transaction's `BEGIN` and `COMMIT` were two more round
-    /// trips per batch), else in one short transaction.
-    pub async fn settle(&mut self, outcome: &Outcome, mode: Mode) -> Result<(), sqlx::Error> {
+    /// Records the outcome of a batch, with the release of the rows held behind `released`
+    /// (PostgreSQL): on its own when it is one statement (a batch all published, nearly every
+    /// batch: a transaction's `BEGIN` and `COMMIT` were two more round trips per batch), else in
+    /// one short transaction.
+    pub async fn settle(
+        &mut self,
+        outcome: &Outcome,
+        mode: Mode,
+        released: &[uuid::Uuid],
+    ) -> Result<(), sqlx::Error> {
         let statements = usize::from(!outcome.published.is_empty())
             + outcome.failed.len()
-            + outcome.parked.len();
+            + outcome.parked.len()
+            + usize::from(!released.is_empty() && self.holds_rows());
         let alone = statements == 1;
         if statements == 0 {
             return Ok(());
         }
         match &mut self.conn {
             Connection::Postgres(conn) if alone => {
-                postgres::settle(conn, &self.name, outcome, mode).await
+                postgres::settle(conn, &self.name, outcome, mode, released).await
             }
             Connection::Postgres(conn) => {
                 let mut tx = conn.begin().await?;
-                postgres::settle(&mut tx, &self.name, outcome, mode).await?;
+                postgres::settle(&mut tx, &self.name, outcome, mode, released).await?;
                 tx.commit().await
             }
             Connection::Sqlite(conn) if alone => {

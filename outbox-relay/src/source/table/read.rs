@@ -110,9 +110,13 @@ where
                 .and_then(|n| usize::try_from(n).ok())
                 .unwrap_or(0);
         }
+        if matches!(row.try_get::<Option<String>, _>("id"), Ok(None)) {
+            // No event: the row that carries `candidates` when the claim only held rows.
+            continue;
+        }
         rows.push(OutboxRow::read(&row, limits));
     }
-    let full = candidates >= limits.batch_size || rows.len() < candidates;
+    let full = candidates >= limits.batch_size || (!rows.is_empty() && rows.len() < candidates);
     Ok((rows, full))
 }
 

@@ -389,6 +389,14 @@ pub async fn from_polling(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // The rows the polling relays' claims held wait behind a parked or backing-off event: to the
+    // WAL source a held row waits for a release written into the WAL, which none would get. As
+    // unpublished rows they are handed over with the others, in `seq` order.
+    sqlx::query(
+        "UPDATE outbox SET held_at = NULL WHERE held_at IS NOT NULL AND published_at IS NULL",
+    )
+    .execute(&mut db)
+    .await?;
     Ok(slot::prepare(&mut db, source).await?)
 }
 
