@@ -75,15 +75,14 @@ WITH gate AS MATERIALIZED (
            octet_length(t.payload)::int8 AS payload_bytes,
            CASE WHEN octet_length(t.payload) <= $5 / $2 THEN t.payload END AS small_payload,
            t.blocked
-    FROM outbox o CROSS JOIN gate g
+    FROM outbox o
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN NOT k.blocked THEN o.payload::text END AS payload, k.blocked
-        FROM (SELECT g.blocking AND EXISTS (
+        SELECT o.payload::text AS payload, (SELECT g.blocking FROM gate g) AND EXISTS (
                 SELECT 1 FROM outbox b
                 WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
                   AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
                   AND b.published_at IS NULL AND b.seq < o.seq AND ($3 OR b.parked_at IS NULL)
-             ) AS blocked OFFSET 0) k
+             ) AS blocked
         OFFSET 0) t
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.held_at IS NULL
       AND o.retry_at IS NULL AND get_bit($1, o.shard) = 1
@@ -98,13 +97,12 @@ WITH gate AS MATERIALIZED (
            t.blocked
     FROM outbox o
     CROSS JOIN LATERAL (
-        SELECT CASE WHEN NOT k.blocked THEN o.payload::text END AS payload, k.blocked
-        FROM (SELECT EXISTS (
+        SELECT o.payload::text AS payload, EXISTS (
                 SELECT 1 FROM outbox b
                 WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
                   AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
                   AND b.published_at IS NULL AND b.seq < o.seq AND ($3 OR b.parked_at IS NULL)
-             ) AS blocked OFFSET 0) k
+             ) AS blocked
         OFFSET 0) t
     WHERE o.retry_at <= now() AND o.published_at IS NULL AND o.parked_at IS NULL
       AND o.held_at IS NULL AND get_bit($1, o.shard) = 1
