@@ -50,8 +50,8 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET enable_seqscan = off; \
 /// statement, which takes them out of both walks: the next claim goes past them, so a claim costs
 /// one batch however many aggregates wait and however many rows they have (docs/BENCHMARKS.md,
 /// "Blocked aggregates"). A held row is released (`held_at` back to NULL) in the transaction that
-/// removes its aggregate's blocker ([`settle`]'s release, `failed retry|skip`), or by
-/// [`RELEASE_UNBLOCKED`] now and then; releasing is always safe, as the claim holds a row again
+/// removes its aggregate's blocker (the settle's release, `failed retry|skip`), or by
+/// `RELEASE_UNBLOCKED` now and then; releasing is always safe, as the claim holds a row again
 /// while its aggregate still waits. A due row and a walked row never share an aggregate (the due
 /// one blocks the other), so the two walks merge by `seq` alone.
 ///
