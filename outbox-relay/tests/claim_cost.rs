@@ -27,6 +27,23 @@ async fn buffers(f: &Fixture, claim: &str, batch: usize) -> i64 {
     top["Shared Hit Blocks"].as_i64().unwrap() + top["Shared Read Blocks"].as_i64().unwrap()
 }
 
+/// Runs the claim `sql` on `conn`: `column` of each claimed event (not of the row that only
+/// carries `candidates` when the claim held rows and claimed none).
+async fn claimed<T>(conn: &impl ConnectionTrait, sql: &str, column: &str) -> Vec<T>
+where
+    Option<T>: seaorm_outbox::sea_orm::TryGetable,
+{
+    conn.query_all_raw(seaorm_outbox::sea_orm::Statement::from_string(
+        seaorm_outbox::sea_orm::DbBackend::Postgres,
+        sql,
+    ))
+    .await
+    .unwrap()
+    .iter()
+    .filter_map(|row| row.try_get::<Option<T>>("", column).unwrap())
+    .collect()
+}
+
 /// The line after the claim's walk of `outbox_claimable` in an `EXPLAIN`: its filter.
 fn claimable_scan_filter(plan: &str) -> &str {
     plan.lines()
@@ -83,15 +100,9 @@ async fn a_claim_that_skips_the_batch_in_flight_costs_about_one_batch() {
     let skipping = buffers(&f, &common::claim_sql_skipping(1000, in_flight), 1000).await;
     // The rows the skipping claim returns are the next thousand (the claim writes, when it holds
     // rows: it cannot be a subquery).
-    let first_claimed =
-        f.db.query_all_raw(seaorm_outbox::sea_orm::Statement::from_string(
-            seaorm_outbox::sea_orm::DbBackend::Postgres,
-            common::claim_sql_skipping(1000, in_flight),
-        ))
+    let first_claimed = claimed::<i64>(&f.db, &common::claim_sql_skipping(1000, in_flight), "seq")
         .await
-        .unwrap()
-        .iter()
-        .map(|row| row.try_get::<i64>("", "seq").unwrap())
+        .into_iter()
         .min()
         .unwrap();
     let expected = f
@@ -162,18 +173,7 @@ async fn the_claim_holds_the_rows_of_blocked_aggregates_and_goes_past_them() {
     common::prepare_claim(&txn).await;
     let execute = format!("EXECUTE claim{}", common::claim_args(500, &[]));
     let plan = common::explain_in(&txn, &execute).await;
-    let claim = || async {
-        let rows = txn
-            .query_all_raw(seaorm_outbox::sea_orm::Statement::from_string(
-                seaorm_outbox::sea_orm::DbBackend::Postgres,
-                execute.clone(),
-            ))
-            .await
-            .unwrap();
-        rows.iter()
-            .filter_map(|row| row.try_get::<Option<String>>("", "aggregate_id").unwrap())
-            .collect::<Vec<String>>()
-    };
+    let claim = || claimed::<String>(&txn, &execute, "aggregate_id");
     // 10,000 waiting rows, held 500 a claim: 20 claims find no event to send.
     let mut holding = 0;
     let claimed = loop {
@@ -261,19 +261,10 @@ async fn a_row_behind_a_due_retry_is_held_even_while_the_retry_is_in_flight() {
     )
     .await
     .unwrap();
-    let claimed = |in_flight: &'static str| {
+    let claimed_behind = |in_flight: &'static str| {
+        let sql = common::claim_sql_skipping(10, in_flight);
         let db = &f.db;
-        async move {
-            db.query_all_raw(seaorm_outbox::sea_orm::Statement::from_string(
-                seaorm_outbox::sea_orm::DbBackend::Postgres,
-                common::claim_sql_skipping(10, in_flight),
-            ))
-            .await
-            .unwrap()
-            .iter()
-            .filter_map(|row| row.try_get::<Option<i64>>("", "seq").unwrap())
-            .collect::<Vec<i64>>()
-        }
+        async move { claimed::<i64>(db, &sql, "seq").await }
     };
     let first = f
         .scalar("SELECT seq FROM outbox WHERE payload->>'n' = '1'")
@@ -283,7 +274,7 @@ async fn a_row_behind_a_due_retry_is_held_even_while_the_retry_is_in_flight() {
         .await;
     // The retry in flight: the third event must wait, and is held.
     assert_eq!(
-        claimed("ARRAY(SELECT seq FROM outbox WHERE payload->>'n' = '1')").await,
+        claimed_behind("ARRAY(SELECT seq FROM outbox WHERE payload->>'n' = '1')").await,
         Vec::<i64>::new()
     );
     assert_eq!(
@@ -295,5 +286,5 @@ async fn a_row_behind_a_due_retry_is_held_even_while_the_retry_is_in_flight() {
         "the event recorded behind the due retry is held"
     );
     // Not in flight: the due retry alone is claimed.
-    assert_eq!(claimed("'{}'::int8[]").await, [first]);
+    assert_eq!(claimed_behind("'{}'::int8[]").await, [first]);
 }

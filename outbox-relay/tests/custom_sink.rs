@@ -13,10 +13,31 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Keeps the events in a list, as a user's sink might write them to a queue of its own, and
-/// refuses one aggregate's events.
-#[derive(Clone, Default)]
+/// refuses one aggregate's events while told to (the aggregate `refused` unless told otherwise).
+#[derive(Clone)]
 struct ListSink {
     published: Arc<Mutex<Vec<(String, i64)>>>,
+    refused: Arc<Mutex<Option<&'static str>>>,
+}
+
+impl Default for ListSink {
+    fn default() -> Self {
+        ListSink::refusing("refused")
+    }
+}
+
+impl ListSink {
+    /// Refuses the events of the aggregate `key` until [`ListSink::accept_all`].
+    fn refusing(key: &'static str) -> Self {
+        ListSink {
+            published: Arc::default(),
+            refused: Arc::new(Mutex::new(Some(key))),
+        }
+    }
+
+    fn accept_all(&self) {
+        *self.refused.lock().unwrap() = None;
+    }
 }
 
 impl Sink for ListSink {
@@ -25,7 +46,8 @@ impl Sink for ListSink {
     }
 
     fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
-        let answer = if message.key == "refused" {
+        let refused = *self.refused.lock().unwrap() == Some(message.key.as_str());
+        let answer = if refused {
             Err(SinkError::new("the list refuses this aggregate"))
         } else {
             self.published
@@ -280,33 +302,6 @@ async fn an_ack_that_never_comes_fails_its_event_after_ack_timeout_and_the_rest_
     running.await.unwrap();
 }
 
-/// Fails the aggregate `flaky` while `failing` is set, as a broker partition that is away.
-#[derive(Clone, Default)]
-struct FlakySink {
-    published: Arc<Mutex<Vec<(String, i64)>>>,
-    failing: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Sink for FlakySink {
-    fn name(&self) -> &str {
-        "flaky"
-    }
-
-    fn enqueue<'a>(&'a self, message: &'a Message) -> BoxFuture<'a, Result<Ack, SinkError>> {
-        let failing = self.failing.load(std::sync::atomic::Ordering::SeqCst);
-        let answer = if failing && message.key == "flaky" {
-            Err(SinkError::new("the partition is away"))
-        } else {
-            self.published
-                .lock()
-                .unwrap()
-                .push((message.key.clone(), message.seq));
-            Ok(())
-        };
-        Box::pin(async move { Ok(Box::pin(async move { answer }) as Ack) })
-    }
-}
-
 /// While an aggregate's first event backs off, the claim holds (`held_at`) its later events, those
 /// recorded before the failure and those recorded while it is retried, so no claim reads them
 /// again; once it is published they are released in the same transaction and go out in order.
@@ -322,9 +317,8 @@ async fn an_aggregate_behind_a_retried_event_is_held_and_resumes_in_order() {
         )
     };
     f.db.execute_unprepared(&insert(1, 5)).await.unwrap();
-    let sink = FlakySink::default();
-    sink.failing
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // The aggregate's partition is away.
+    let sink = ListSink::refusing("flaky");
     let mut config = f.relay_config();
     config.max_backoff = Duration::from_millis(300);
     config.batch_size = 2;
@@ -354,8 +348,7 @@ async fn an_aggregate_behind_a_retried_event_is_held_and_resumes_in_order() {
             >= 1
     );
 
-    sink.failing
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    sink.accept_all();
     f.wait_until_zero(
         "SELECT count(*) FROM outbox WHERE published_at IS NULL",
         Duration::from_secs(30),

@@ -24,6 +24,16 @@ fn rows(aggregate: &str, ns: std::ops::RangeInclusive<i32>, poison: &[i32]) -> S
     .join(", ")
 }
 
+/// Inserts the rows of [`rows`] into the outbox.
+async fn insert(f: &Fixture, rows: &[String]) {
+    f.db.execute_unprepared(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES {}",
+        rows.join(", ")
+    ))
+    .await
+    .unwrap();
+}
+
 fn ns(received: &[Received], key: &str) -> Vec<i64> {
     received
         .iter()
@@ -50,14 +60,15 @@ fn failed(f: &Fixture, args: &[&str]) -> String {
 #[tokio::test]
 async fn a_poison_event_holds_its_aggregate_until_retried_or_skipped() {
     let f = Fixture::new().await;
-    f.db.execute_unprepared(&format!(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES {}, {}, {}",
-        rows("a", 1..=4, &[2]),
-        rows("b", 1..=5, &[]),
-        rows("c", 1..=2, &[1]),
-    ))
-    .await
-    .unwrap();
+    insert(
+        &f,
+        &[
+            rows("a", 1..=4, &[2]),
+            rows("b", 1..=5, &[]),
+            rows("c", 1..=2, &[1]),
+        ],
+    )
+    .await;
     let mut relay = f.spawn_relay(&["--batch-size", "3"]);
 
     // Everything that can go goes; the two poison events are parked with their reason.
@@ -159,12 +170,7 @@ fn failed_commands_need_a_selection() {
 #[tokio::test]
 async fn skip_parked_lets_an_aggregates_later_events_go() {
     let f = Fixture::new().await;
-    f.db.execute_unprepared(&format!(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES {}",
-        rows("a", 1..=3, &[2]),
-    ))
-    .await
-    .unwrap();
+    insert(&f, &[rows("a", 1..=3, &[2])]).await;
     let mut relay = f.spawn_relay(&["--skip-parked", "--batch-size", "1"]);
     f.wait_until_drained(Duration::from_secs(60)).await;
     assert_eq!(common::terminate(&mut relay), Some(0));
@@ -182,12 +188,7 @@ async fn skip_parked_lets_an_aggregates_later_events_go() {
 #[tokio::test]
 async fn skip_parked_releases_the_events_an_earlier_relay_held() {
     let f = Fixture::new().await;
-    f.db.execute_unprepared(&format!(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES {}",
-        rows("a", 1..=3, &[2]),
-    ))
-    .await
-    .unwrap();
+    insert(&f, &[rows("a", 1..=3, &[2])]).await;
     let mut relay = f.spawn_relay(&["--batch-size", "1"]);
     f.wait_until_zero(
         "SELECT count(*) FROM outbox WHERE payload->>'n' = '3' AND held_at IS NULL",
