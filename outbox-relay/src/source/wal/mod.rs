@@ -12,6 +12,7 @@
 //! held there behind it until an operator's retry or skip releases them, in order (`parked.rs`).
 //! See `docs/design.md`, "The WAL source".
 
+mod backlog;
 mod connection;
 mod event;
 mod parked;
@@ -29,6 +30,7 @@ use crate::database::connect_postgres as connect;
 use crate::error::SourceError;
 use crate::metrics;
 use crate::source::interface::Source;
+use backlog::BacklogSnapshot;
 use connection::replication_config;
 use futures::FutureExt;
 use parked::Parked;
@@ -82,6 +84,26 @@ pub async fn drop_source(
     slot::drop_source(&mut db, source, force).await
 }
 
+/// The snapshot the table's backlog was held in for the slot, if its mark names one the
+/// server's transaction ids have not gone too far past to tell.
+async fn backlog_snapshot(
+    db: &mut PgConnection,
+    source: &WalSource,
+) -> Result<Option<BacklogSnapshot>, SourceError> {
+    let Some((publication, _)) = publication::publication_of(db, &source.publication).await? else {
+        return Ok(None);
+    };
+    let Some(snapshot) = publication
+        .backlog
+        .as_deref()
+        .and_then(BacklogSnapshot::parse)
+    else {
+        return Ok(None);
+    };
+    let next_xid = backlog::next_xid(db).await?;
+    Ok(snapshot.reaches(next_xid).then_some(snapshot))
+}
+
 impl From<PgWireError> for SourceError {
     fn from(e: PgWireError) -> Self {
         SourceError::Replication(e.to_string())
@@ -113,6 +135,11 @@ pub(crate) struct WalStream {
     commit_ms: Option<i64>,
     /// The id of the transaction being read.
     xid: u32,
+    /// The snapshot the table's backlog was held in, while the stream may still bring
+    /// transactions it sees; and whether it sees the one being read (its rows went out from the
+    /// table, held with the backlog, so the stream leaves them out).
+    backlog: Option<BacklogSnapshot>,
+    in_backlog: bool,
     /// The last position confirmed to the server.
     confirmed: Lsn,
     max_payload_bytes: usize,
@@ -169,6 +196,7 @@ impl WalStream {
                 .fetch_optional(&mut db)
                 .await?
                 .flatten();
+        let backlog = backlog_snapshot(&mut db, source).await?;
         let mut read = Unconfirmed::default();
         // What the table holds and is no longer behind a parked event goes out first: what a
         // release left held (the relay stopped during it), and what the table had before the slot.
@@ -186,6 +214,8 @@ impl WalStream {
             parked,
             commit_ms: None,
             xid: 0,
+            backlog,
+            in_backlog: false,
             confirmed: Lsn::ZERO,
             max_payload_bytes: config.max_payload_bytes,
             window_bytes: source.window_bytes,
@@ -208,6 +238,11 @@ impl WalStream {
             } => {
                 self.commit_ms = Some(postgres_epoch_ms(commit_time_micros));
                 self.xid = xid;
+                self.in_backlog = self.backlog.as_ref().is_some_and(|b| b.sees(xid));
+                if !self.in_backlog {
+                    // Commit order: no later transaction is seen either.
+                    self.backlog = None;
+                }
             }
             ReplicationEvent::XLogData { data, .. } => {
                 if let Change::Insert { relation, values } =
@@ -218,8 +253,9 @@ impl WalStream {
                         stream("an insert into a relation it did not describe".into())
                     })?;
                     let decoded = event::from_insert(relation, &values, self.max_payload_bytes);
-                    // The source's own inserts (a table-less event parked or held) are not events.
-                    if !decoded.parked {
+                    // The source's own inserts (a table-less event parked or held) are not
+                    // events; nor is a row held with the backlog (it went out from the table).
+                    if !decoded.parked && !self.in_backlog {
                         self.read.push_event(decoded.row, None);
                     }
                 }

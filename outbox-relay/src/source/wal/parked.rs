@@ -184,18 +184,6 @@ pub(super) fn released_aggregates(content: &[u8]) -> Vec<Aggregate> {
     })
 }
 
-/// Holds every event the table has unpublished and not parked: at a new slot's start, these were
-/// committed before it and are in no stream. Returns how many.
-pub(super) async fn hold_backlog(db: &mut PgConnection) -> Result<u64, sqlx::Error> {
-    Ok(sqlx::query(
-        "UPDATE outbox SET held_at = now()
-         WHERE published_at IS NULL AND parked_at IS NULL AND held_at IS NULL",
-    )
-    .execute(db)
-    .await?
-    .rows_affected())
-}
-
 /// The last `seq` held, if any event is: the relay's start releases every held event up to it.
 pub(super) async fn last_held_seq(db: &mut PgConnection) -> Result<Option<i64>, sqlx::Error> {
     sqlx::query_scalar(

@@ -8,8 +8,13 @@ use sqlx::PgConnection;
 
 /// The comment on a publication made by a WAL relay, which tells it from other tools'
 /// publications of the table (Debezium's, an analytics pipeline's); `; new slot NAME` follows
-/// while the relay makes its slot and hands it the table's backlog, `; slot NAME` once it has.
+/// while the relay makes its slot and hands it the table's backlog, `; slot NAME` once it has,
+/// then `; backlog held in snapshot XMIN:XMAX:XIP` (the snapshot the backlog was held in, whose
+/// transactions the stream leaves out: `backlog.rs`).
 const MARK: &str = "outbox-relay WAL source";
+
+/// What follows the slot's name in the mark when it names the backlog's snapshot.
+const BACKLOG: &str = "; backlog held in snapshot ";
 
 /// Where a WAL relay's slot stands, as its publication's mark says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,8 +23,12 @@ pub(super) enum SlotMark<'a> {
     None,
     /// The slot is being made: the events the table held before it are not handed over yet.
     New(&'a str),
-    /// The slot was made and read: if it goes missing, events were lost.
-    Made(&'a str),
+    /// The slot was made and read: if it goes missing, events were lost. `backlog`: the
+    /// snapshot the table's backlog was held in, when the slot was just handed it.
+    Made {
+        slot: &'a str,
+        backlog: Option<&'a str>,
+    },
 }
 
 /// Marks `publication` as a WAL relay's, with where its slot stands.
@@ -31,7 +40,14 @@ pub(super) async fn mark_ours(
     let mark = match slot {
         SlotMark::None => MARK.to_owned(),
         SlotMark::New(slot) => format!("{MARK}; new slot {slot}"),
-        SlotMark::Made(slot) => format!("{MARK}; slot {slot}"),
+        SlotMark::Made {
+            slot,
+            backlog: None,
+        } => format!("{MARK}; slot {slot}"),
+        SlotMark::Made {
+            slot,
+            backlog: Some(snapshot),
+        } => format!("{MARK}; slot {slot}{BACKLOG}{snapshot}"),
     };
     // Both names were checked to be plain identifiers (`WalSource::new`).
     let comment = format!("COMMENT ON PUBLICATION {publication} IS '{mark}'");
@@ -56,12 +72,14 @@ pub(super) async fn mark_ours(
 }
 
 /// The columns that read a publication's mark: whether it is ours (marked, or named as a WAL
-/// relay's publication was before publications were marked), the slot it names as made, and the
-/// one it names as being made.
+/// relay's publication was before publications were marked), the slot it names as made, the
+/// one it names as being made, and the backlog's snapshot. (`$2` is [`BACKLOG`].)
 const MARK_COLUMNS: &str = "
-    coalesce(obj_description(p.oid, 'pg_publication') LIKE ($1 || '%'), p.pubname = 'outbox_relay'),
-    substring(obj_description(p.oid, 'pg_publication') FROM '; slot (.*)$'),
-    substring(obj_description(p.oid, 'pg_publication') FROM '; new slot (.*)$')";
+    coalesce(obj_description(p.oid, 'pg_publication') LIKE ($1 || '%'), p.pubname = 'outbox_relay')
+        AS ours,
+    substring(obj_description(p.oid, 'pg_publication') FROM '; slot ([^;]*)') AS slot,
+    substring(obj_description(p.oid, 'pg_publication') FROM '; new slot (.*)$') AS new_slot,
+    split_part(obj_description(p.oid, 'pg_publication'), $2, 2) AS backlog";
 
 /// A publication of this schema's outbox table, as listed for the polling relay and `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,18 +91,39 @@ pub(crate) struct Publication {
     pub slot: Option<String>,
     /// The slot a relay is making for it (a first start cut short leaves it so).
     pub new_slot: Option<String>,
+    /// The snapshot the table's backlog was held in for the slot (`backlog.rs`).
+    pub backlog: Option<String>,
 }
 
-impl Publication {
-    /// From a row of [`MARK_COLUMNS`]: a slot is named only in a WAL relay's mark.
-    fn read(name: String, ours: bool, slot: Option<String>, new_slot: Option<String>) -> Self {
+/// A publication's name and [`MARK_COLUMNS`], as read.
+#[derive(sqlx::FromRow)]
+struct Marked {
+    name: String,
+    ours: bool,
+    slot: Option<String>,
+    new_slot: Option<String>,
+    backlog: Option<String>,
+}
+
+impl From<Marked> for Publication {
+    /// A slot is named only in a WAL relay's mark.
+    fn from(m: Marked) -> Self {
         Publication {
-            name,
-            slot: slot.filter(|_| ours),
-            new_slot: new_slot.filter(|_| ours),
-            ours,
+            name: m.name,
+            slot: m.slot.filter(|_| m.ours),
+            new_slot: m.new_slot.filter(|_| m.ours),
+            backlog: m.backlog.filter(|b| m.ours && !b.is_empty()),
+            ours: m.ours,
         }
     }
+}
+
+/// A row of [`publication_of`].
+#[derive(sqlx::FromRow)]
+struct PublicationOf {
+    publishes_outbox: bool,
+    #[sqlx(flatten)]
+    marked: Marked,
 }
 
 /// The publication named so, if it exists, and whether it publishes the inserts of this schema's
@@ -98,28 +137,24 @@ pub(super) async fn publication_of(
                     SELECT 1 FROM pg_publication_tables t
                     JOIN pg_namespace n ON n.nspname = t.schemaname
                     JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = t.tablename
-                    WHERE t.pubname = p.pubname AND c.oid = 'outbox'::regclass),
-                {MARK_COLUMNS}
-         FROM pg_publication p WHERE p.pubname = $2"
+                    WHERE t.pubname = p.pubname AND c.oid = 'outbox'::regclass)
+                    AS publishes_outbox,
+                p.pubname::text AS name, {MARK_COLUMNS}
+         FROM pg_publication p WHERE p.pubname = $3"
     );
-    let found: Option<(bool, bool, Option<String>, Option<String>)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(MARK)
-            .bind(name)
-            .fetch_optional(conn)
-            .await?;
-    Ok(found.map(|(outbox, ours, slot, new_slot)| {
-        (
-            Publication::read(name.to_owned(), ours, slot, new_slot),
-            outbox,
-        )
-    }))
+    let found: Option<PublicationOf> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(MARK)
+        .bind(BACKLOG)
+        .bind(name)
+        .fetch_optional(conn)
+        .await?;
+    Ok(found.map(|row| (row.marked.into(), row.publishes_outbox)))
 }
 
 /// The publications of this schema's outbox table, made by any tool (`FOR ALL TABLES` ones too).
 pub(crate) async fn publications(conn: &mut PgConnection) -> Result<Vec<Publication>, sqlx::Error> {
     let sql = format!(
-        "SELECT p.pubname::text, {MARK_COLUMNS}
+        "SELECT p.pubname::text AS name, {MARK_COLUMNS}
          FROM pg_publication p
          JOIN pg_publication_tables t ON t.pubname = p.pubname
          JOIN pg_namespace n ON n.nspname = t.schemaname
@@ -127,15 +162,12 @@ pub(crate) async fn publications(conn: &mut PgConnection) -> Result<Vec<Publicat
          WHERE c.oid = to_regclass('outbox')
          ORDER BY 1"
     );
-    let rows: Vec<(String, bool, Option<String>, Option<String>)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(MARK)
-            .fetch_all(conn)
-            .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(name, ours, slot, new_slot)| Publication::read(name, ours, slot, new_slot))
-        .collect())
+    let rows: Vec<Marked> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(MARK)
+        .bind(BACKLOG)
+        .fetch_all(conn)
+        .await?;
+    Ok(rows.into_iter().map(Publication::from).collect())
 }
 
 /// What a polling relay says when a WAL relay's publication holds the table.

@@ -7,7 +7,7 @@
 //! while the other is in place (how a WAL relay's publication is told from others':
 //! `publication.rs`).
 
-use super::parked;
+use super::backlog;
 use super::publication::{Publication, SlotMark, mark_ours, publication_of, publications};
 use crate::config::WalSource;
 use crate::error::SourceError;
@@ -89,6 +89,7 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
                 ours: true,
                 slot: None,
                 new_slot: None,
+                backlog: None,
             }
         }
     };
@@ -125,7 +126,11 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
         Some(_) => {
             if !read_before {
                 // Made before publications named their slots.
-                mark_ours(conn, &source.publication, SlotMark::Made(&source.slot)).await?;
+                let made = SlotMark::Made {
+                    slot: &source.slot,
+                    backlog: None,
+                };
+                mark_ours(conn, &source.publication, made).await?;
             }
         }
         None if read_before => {
@@ -157,16 +162,21 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
 /// Hands the new slot's relay the events the table holds unpublished (a polling relay's backlog,
 /// rows recorded while no relay ran): rows committed before the slot are in no stream, so they
 /// are held, and the relay's start releases them first, in `seq` order. Then the mark says the
-/// slot is made: from now on a missing slot is a gap, not a first start.
+/// slot is made (from now on a missing slot is a gap, not a first start) and names the snapshot
+/// the backlog was held in, whose transactions the stream leaves out (`backlog.rs`).
 async fn hand_over_backlog(conn: &mut PgConnection, source: &WalSource) -> Result<u64, Prepare> {
-    let held = parked::hold_backlog(conn).await?;
+    let (held, snapshot) = backlog::hold(conn).await?;
     if held > 0 {
         tracing::info!(
             events = held,
             "the table holds events recorded before the slot: they go out first, in order"
         );
     }
-    mark_ours(conn, &source.publication, SlotMark::Made(&source.slot)).await?;
+    let made = SlotMark::Made {
+        slot: &source.slot,
+        backlog: Some(&snapshot),
+    };
+    mark_ours(conn, &source.publication, made).await?;
     Ok(held)
 }
 
