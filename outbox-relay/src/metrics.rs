@@ -6,6 +6,7 @@
 //! | `outbox_backlog_events{table}` | gauge | events waiting to be published (not parked) |
 //! | `outbox_oldest_unpublished_age_seconds{table}` | gauge | age of the oldest of them |
 //! | `outbox_parked_events{table}` | gauge | events parked as poison |
+//! | `outbox_held_events{table}` | gauge | of the waiting events, those held behind an earlier event of their aggregate that is parked or backing off (PostgreSQL) |
 //! | `outbox_published_total{topic}` | counter | events acked by the broker |
 //! | `outbox_failures_total{kind}` | counter | `transient` and `permanent` publish failures, `database` errors |
 //! | `outbox_batch_size` | histogram | rows claimed per batch |
@@ -18,11 +19,13 @@
 //! bounded by the configuration.
 
 use crate::batch::Outcome;
+use crate::source::table::Backlog;
 use std::time::Duration;
 
 pub(crate) const BACKLOG: &str = "outbox_backlog_events";
 pub(crate) const OLDEST_AGE: &str = "outbox_oldest_unpublished_age_seconds";
 pub(crate) const PARKED: &str = "outbox_parked_events";
+pub(crate) const HELD: &str = "outbox_held_events";
 pub(crate) const PUBLISHED: &str = "outbox_published_total";
 pub(crate) const FAILURES: &str = "outbox_failures_total";
 pub(crate) const BATCH_SIZE: &str = "outbox_batch_size";
@@ -65,6 +68,11 @@ fn describe() {
     describe_gauge!(
         PARKED,
         "Events parked as poison, holding back their aggregates."
+    );
+    describe_gauge!(
+        HELD,
+        "Of the events waiting, those held behind an earlier event of their aggregate that is \
+         parked or backing off (PostgreSQL)."
     );
     describe_counter!(PUBLISHED, "Events acknowledged by the broker.");
     describe_counter!(
@@ -132,15 +140,14 @@ pub(crate) fn shards(labels: &[(&'static str, String)], n: usize) {
 
 /// Records a sample of a table's backlog (`outbox-relay status`'s figures); `labels` name the
 /// table (and its tenant).
-pub(crate) fn backlog_sampled(
-    labels: &[(&'static str, String)],
-    backlog: i64,
-    parked: i64,
-    oldest_unpublished: Option<Duration>,
-) {
-    metrics::gauge!(BACKLOG, labels).set(backlog as f64);
-    metrics::gauge!(PARKED, labels).set(parked as f64);
-    metrics::gauge!(OLDEST_AGE, labels).set(oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+pub(crate) fn backlog_sampled(labels: &[(&'static str, String)], backlog: &Backlog) {
+    metrics::gauge!(BACKLOG, labels).set(backlog.waiting as f64);
+    metrics::gauge!(PARKED, labels).set(backlog.parked as f64);
+    if let Some(held) = backlog.held {
+        metrics::gauge!(HELD, labels).set(held as f64);
+    }
+    metrics::gauge!(OLDEST_AGE, labels)
+        .set(backlog.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
 }
 
 /// Records a confirmed position of the WAL source: how old its transaction was (`None`: idle).

@@ -12,6 +12,10 @@ pub struct Status {
     pub backlog: i64,
     /// Events parked as poison, holding back their aggregates.
     pub parked: i64,
+    /// Of the events in `backlog`, those held behind an earlier event of their aggregate that is
+    /// parked or backing off: they go out once it is published, retried or skipped. `None` on
+    /// SQLite and MySQL, whose claim holds no rows (the events wait all the same).
+    pub held: Option<i64>,
     /// Age of the oldest event waiting to be published.
     pub oldest_unpublished: Option<Duration>,
     /// The WAL source's replication slots (PostgreSQL, when the outbox table is published for
@@ -57,7 +61,12 @@ impl std::fmt::Display for Status {
                     }
                 )?;
             }
-            return write!(f, "parked:             {} events", self.parked);
+            writeln!(f, "parked:             {} events", self.parked)?;
+            return write!(
+                f,
+                "held:               {} events (behind a parked event of their aggregate, or handed to a new slot)",
+                self.held.unwrap_or(0)
+            );
         }
         writeln!(f, "backlog:            {} events", self.backlog)?;
         match self.oldest_unpublished {
@@ -73,7 +82,15 @@ impl std::fmt::Display for Status {
             )?,
             None => writeln!(f, "oldest unpublished: none")?,
         }
-        write!(f, "parked:             {} events", self.parked)
+        write!(f, "parked:             {} events", self.parked)?;
+        if let Some(held) = self.held {
+            write!(
+                f,
+                "\nheld:               {held} events (behind a parked or backing-off event of \
+                 their aggregate)"
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -86,17 +103,16 @@ pub async fn status(database_url: &str, table: &TableName) -> Result<Status, sql
 
 /// Reads the status over an open connection.
 pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::Error> {
-    let (backlog, parked, oldest_seconds) = table.backlog().await?;
+    let backlog = table.backlog().await?;
     let wal_slots = match &mut table.conn {
         Connection::Postgres(conn) => crate::source::wal::slot::all_status(conn).await?,
         Connection::Sqlite(_) | Connection::MySql(_) => Vec::new(),
     };
     Ok(Status {
         wal_slots,
-        backlog,
-        parked,
-        // Infinite timestamps give infinite ages: the longest duration, not a panic.
-        oldest_unpublished: oldest_seconds
-            .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)),
+        backlog: backlog.waiting,
+        parked: backlog.parked,
+        held: backlog.held,
+        oldest_unpublished: backlog.oldest_unpublished,
     })
 }

@@ -400,15 +400,18 @@ fn the_generic_binary_knows_no_event_types() {
     assert!(stdout.contains("outbox.event.{aggregate_type}"), "{stdout}");
 }
 
+/// `status` counts the backlog, the parked events and, of the backlog, those held behind an
+/// aggregate's parked or backing-off event.
 #[tokio::test]
-async fn status_reports_backlog_parked_and_age() {
+async fn status_reports_backlog_parked_held_and_age() {
     let f = Fixture::new().await;
     use seaorm_outbox::sea_orm::ConnectionTrait;
     f.db.execute_unprepared(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at, parked_at) VALUES
-           (gen_random_uuid(), 'a', '1', 'E', '{}', now() - interval '90 seconds', NULL),
-           (gen_random_uuid(), 'a', '2', 'E', '{}', now(), NULL),
-           (gen_random_uuid(), 'a', '3', 'E', '{}', now(), now())",
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at, parked_at, held_at) VALUES
+           (gen_random_uuid(), 'a', '1', 'E', '{}', now() - interval '90 seconds', NULL, NULL),
+           (gen_random_uuid(), 'a', '2', 'E', '{}', now(), NULL, NULL),
+           (gen_random_uuid(), 'a', '3', 'E', '{}', now(), now(), NULL),
+           (gen_random_uuid(), 'a', '3', 'E', '{}', now(), NULL, now())",
     )
     .await
     .unwrap();
@@ -419,8 +422,9 @@ async fn status_reports_backlog_parked_and_age() {
         String::from_utf8_lossy(&output.stderr)
     );
     let stdout = String::from_utf8(output.stdout).unwrap();
-    assert!(stdout.contains("backlog:            2 events"), "{stdout}");
+    assert!(stdout.contains("backlog:            3 events"), "{stdout}");
     assert!(stdout.contains("parked:             1 events"), "{stdout}");
+    assert!(stdout.contains("held:               1 events"), "{stdout}");
     assert!(
         stdout.contains("oldest unpublished: 1m 30s")
             || stdout.contains("oldest unpublished: 1m 31s"),

@@ -35,6 +35,7 @@ async fn metrics_count_what_was_published_and_readyz_checks_database_and_broker(
         "outbox_batch_duration_seconds_bucket{le=\"+Inf\"} 3".to_owned(),
         "# TYPE outbox_backlog_events gauge".to_owned(),
         "# TYPE outbox_oldest_unpublished_age_seconds gauge".to_owned(),
+        "outbox_held_events{table=\"outbox\"} 0".to_owned(),
     ] {
         assert!(
             metrics.contains(&expected),

@@ -110,6 +110,10 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
     let status = String::from_utf8(status.stdout).unwrap();
     assert!(status.contains("backlog:            0 events"), "{status}");
     assert!(status.contains("parked:             1 events"), "{status}");
+    assert!(
+        !status.contains("held"),
+        "SQLite's claim holds no rows: {status}"
+    );
     let parked = common::relay_command()
         .args(["failed", "list", "--database-url", &url])
         .output()

@@ -461,6 +461,8 @@ async fn failed_skip_skips_exactly_what_it_names_and_releases_the_rest_in_order(
     for meter in ["m-a", "m-b", "m-c"] {
         assert_eq!(waiting_behind(&list, meter), "2", "{list}");
     }
+    let status = w.status();
+    assert!(status.contains("held:               6 events"), "{status}");
 
     let id_of_a = {
         let row = w

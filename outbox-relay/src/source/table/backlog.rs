@@ -1,10 +1,24 @@
-//! The backlog's gauges: how many rows wait, how many are parked, how old the oldest is.
+//! The backlog's gauges: how many rows wait, how many are parked or held, how old the oldest is.
 
 use super::{OutboxTable, SessionConfig, every_tick};
 use crate::metrics;
 use crate::tenants::Outbox;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+
+/// A table's backlog, as `outbox-relay status` and the gauges show it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Backlog {
+    /// Events waiting to be published (not parked).
+    pub waiting: i64,
+    /// Events parked as poison.
+    pub parked: i64,
+    /// Of the waiting events, those the claim holds behind an earlier event of their aggregate
+    /// that is parked or backing off (PostgreSQL; `None` where the claim holds no rows).
+    pub held: Option<i64>,
+    /// How old the oldest waiting event is.
+    pub oldest_unpublished: Option<Duration>,
+}
 
 /// Samples `outbox`'s backlog into its gauges every `every` until `shutdown`.
 pub(crate) async fn sample_backlog(
@@ -23,10 +37,7 @@ pub(crate) async fn sample_backlog(
         |table: &mut OutboxTable| {
             let labels = labels.clone();
             Box::pin(async move {
-                let (backlog, parked, oldest_seconds) = table.backlog().await?;
-                let oldest = oldest_seconds
-                    .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX));
-                metrics::backlog_sampled(&labels, backlog, parked, oldest);
+                metrics::backlog_sampled(&labels, &table.backlog().await?);
                 Ok(())
             })
         },

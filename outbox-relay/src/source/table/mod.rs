@@ -28,6 +28,7 @@ use crate::metrics;
 use crate::source::interface::Source;
 use crate::tasks::BackgroundTasks;
 use crate::tenants::Outbox;
+pub(crate) use backlog::Backlog;
 use futures::future::BoxFuture;
 use leases::Leases;
 use seaorm_outbox::TableName;
@@ -466,26 +467,36 @@ impl OutboxTable {
         Ok(query.execute(conn).await?.rows_affected())
     }
 
-    /// The backlog (unpublished, not parked), the parked events, and the age in seconds of the
-    /// oldest unpublished one.
-    pub async fn backlog(&mut self) -> Result<(i64, i64, Option<f64>), sqlx::Error> {
-        match &mut self.conn {
-            Connection::Postgres(conn) => {
-                sqlx::query_as(on(&self.name, postgres::BACKLOG, Backend::Postgres))
-                    .fetch_one(conn)
-                    .await
-            }
-            Connection::Sqlite(conn) => {
-                sqlx::query_as(on(&self.name, sqlite::BACKLOG, Backend::Sqlite))
-                    .fetch_one(conn)
-                    .await
-            }
-            Connection::MySql(conn) => {
-                sqlx::query_as(on(&self.name, mysql::BACKLOG, Backend::MySql))
-                    .fetch_one(conn)
-                    .await
-            }
-        }
+    /// The backlog (unpublished, not parked), the parked events, the held ones (where the claim
+    /// holds rows), and how old the oldest unpublished one is.
+    pub async fn backlog(&mut self) -> Result<Backlog, sqlx::Error> {
+        let holds_rows = self.holds_rows();
+        let (waiting, parked, held, oldest_seconds): (i64, i64, i64, Option<f64>) =
+            match &mut self.conn {
+                Connection::Postgres(conn) => {
+                    sqlx::query_as(on(&self.name, postgres::BACKLOG, Backend::Postgres))
+                        .fetch_one(conn)
+                        .await
+                }
+                Connection::Sqlite(conn) => {
+                    sqlx::query_as(on(&self.name, sqlite::BACKLOG, Backend::Sqlite))
+                        .fetch_one(conn)
+                        .await
+                }
+                Connection::MySql(conn) => {
+                    sqlx::query_as(on(&self.name, mysql::BACKLOG, Backend::MySql))
+                        .fetch_one(conn)
+                        .await
+                }
+            }?;
+        Ok(Backlog {
+            waiting,
+            parked,
+            held: holds_rows.then_some(held),
+            // Infinite timestamps give infinite ages: the longest duration, not a panic.
+            oldest_unpublished: oldest_seconds
+                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)),
+        })
     }
 
     /// Checks that the database answers.

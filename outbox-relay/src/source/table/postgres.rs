@@ -277,10 +277,12 @@ DELETE FROM outbox WHERE id IN (
     SELECT id FROM outbox WHERE id < $1 AND parked_at IS NULL AND held_at IS NULL
     ORDER BY id LIMIT $2)";
 
-/// The backlog, the parked events, and the age in seconds of the oldest unpublished one.
+/// The backlog, the parked events, the held ones, and the age in seconds of the oldest
+/// unpublished one.
 pub(super) const BACKLOG: &str = "
 SELECT count(*) FILTER (WHERE parked_at IS NULL),
        count(*) FILTER (WHERE parked_at IS NOT NULL),
+       count(*) FILTER (WHERE parked_at IS NULL AND held_at IS NOT NULL),
        (extract(epoch FROM now())
         - extract(epoch FROM min(created_at) FILTER (WHERE parked_at IS NULL)))::float8
 FROM outbox WHERE published_at IS NULL";

@@ -95,9 +95,11 @@ DELETE FROM outbox WHERE id IN (
     WHERE published_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.3f seconds', ?1))
     ORDER BY published_at LIMIT ?2)";
 
-/// The backlog, the parked events, and the age in seconds of the oldest unpublished one.
+/// The backlog, the parked events, none held (the claim holds no rows here), and the age in
+/// seconds of the oldest unpublished one.
 pub(super) const BACKLOG: &str = "
 SELECT count(*) FILTER (WHERE parked_at IS NULL),
        count(*) FILTER (WHERE parked_at IS NOT NULL),
+       0,
        (julianday('now') - julianday(min(created_at) FILTER (WHERE parked_at IS NULL))) * 86400.0
 FROM outbox WHERE published_at IS NULL";
