@@ -150,6 +150,14 @@ pub(crate) fn backlog_sampled(labels: &[(&'static str, String)], backlog: &Backl
         .set(backlog.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
 }
 
+/// Zeroes the gauges of an outbox table the relay no longer serves (a tenant removed from the
+/// list): what it last sampled would otherwise stay, and alerts on it fire for nothing.
+pub(crate) fn outbox_released(labels: &[(&'static str, String)]) {
+    for gauge in [BACKLOG, PARKED, HELD, OLDEST_AGE, SHARDS] {
+        metrics::gauge!(gauge, labels).set(0.0);
+    }
+}
+
 /// Records a confirmed position of the WAL source: how old its transaction was (`None`: idle).
 pub(crate) fn wal_confirmed(commit_ms: Option<i64>) {
     let lag = commit_ms.map_or(0.0, |ms| {

@@ -223,6 +223,11 @@ impl Relay {
             }
             tokio::select! {
                 Some((number, outbox, pumped)) = pumps.next() => {
+                    if !running.contains_key(&outbox) {
+                        // Released (no longer listed), and not listed again since: its gauges
+                        // would otherwise show its last backlog and shards for good.
+                        metrics::outbox_released(&outbox.labels());
+                    }
                     if running.get(&outbox).is_some_and(|(n, _)| *n == number) {
                         running.remove(&outbox);
                     }

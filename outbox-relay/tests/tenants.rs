@@ -288,6 +288,19 @@ async fn a_tenant_added_to_the_file_is_served_and_one_removed_released_without_a
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // Its gauges go to zero rather than keep what it last sampled.
+    let released = r#"outbox_shards_leased{table="outbox",tenant="acme"} 0"#;
+    loop {
+        let (_, metrics) = common::http_get_when_up(port, "/metrics").await;
+        if metrics.contains(released) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/metrics lacks {released}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     record(&f.db, "acme", 50, 10).await;
     record(&globex, "globex", 50, 10).await;
     wait_published(&globex, "globex's outbox, after acme left").await;
