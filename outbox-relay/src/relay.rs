@@ -20,7 +20,7 @@ use crate::tasks::BackgroundTasks;
 use crate::tenants::Outbox;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -61,6 +61,18 @@ pub struct Relay {
 /// How many connections the tenants' background work holds at most, across every tenant: the
 /// relay's connections to tenant databases are one per pump and these.
 pub(crate) const TENANT_BACKGROUND_SESSIONS: usize = 4;
+
+/// How many tenants-list rereads after its refusal a tenant's table is tried again (30 s by
+/// default).
+const REFUSED_RETRY: u32 = 6;
+
+/// Sleeps until `at`, or for ever.
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
 
 impl Relay {
     /// A relay publishing to `sink`, routing by the event types registered in this binary.
@@ -177,7 +189,8 @@ impl Relay {
     /// tenants file, starts and stops pumps as tenants come and go. Without tenants a refusal
     /// stops every pump: no retry can fix it, and a relay that went on without one of its tables
     /// would hide that. A tenant's refusal stops that tenant's pump alone, until its entry in the
-    /// list changes: one tenant never stops the others.
+    /// list changes or [`REFUSED_RETRY`] rereads later (an operator may have fixed the cause, say
+    /// migrated its database): one tenant never stops the others.
     async fn run_pumps(
         &self,
         shutdown: &CancellationToken,
@@ -188,11 +201,13 @@ impl Relay {
         let mut tenants = listed.read(catalogue).await.map_err(SourceError::Refused)?;
         // Each running pump's number (a pump stopped and started again is another) and stop token.
         let mut running: HashMap<Outbox, (u64, CancellationToken)> = HashMap::new();
-        let mut refused: HashSet<Outbox> = HashSet::new();
+        // When each refused outbox was refused.
+        let mut refused: HashMap<Outbox, Instant> = HashMap::new();
         let mut pumps = FuturesUnordered::new();
         let mut started = 0;
         let mut outcome = Ok(());
         let every = self.config.tenants_reread;
+        let retry_refused = every * REFUSED_RETRY;
         let mut reread = tokio::time::interval_at(Instant::now() + every, every);
         reread.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -211,9 +226,10 @@ impl Relay {
                     }
                     keep
                 });
-                refused.retain(|outbox| listed.contains(outbox));
+                refused
+                    .retain(|outbox, at| listed.contains(outbox) && at.elapsed() < retry_refused);
                 for outbox in listed {
-                    if !running.contains_key(&outbox) && !refused.contains(&outbox) {
+                    if !running.contains_key(&outbox) && !refused.contains_key(&outbox) {
                         started += 1;
                         let pump = stop.child_token();
                         running.insert(outbox.clone(), (started, pump.clone()));
@@ -221,6 +237,7 @@ impl Relay {
                     }
                 }
             }
+            let next_retry = refused.values().min().map(|at| *at + retry_refused);
             tokio::select! {
                 Some((number, outbox, pumped)) = pumps.next() => {
                     if !running.contains_key(&outbox) {
@@ -235,9 +252,10 @@ impl Relay {
                         if tenants.is_some() {
                             tracing::error!(
                                 tenant = %outbox.tenant_name(), table = %outbox.table, error = %e,
-                                "refused; this tenant's table waits until its line in the tenants list changes"
+                                retry_in = ?retry_refused,
+                                "refused; this tenant's table is tried again then, or when its line in the tenants list changes"
                             );
-                            refused.insert(outbox);
+                            refused.insert(outbox, Instant::now());
                         } else {
                             tracing::error!(table = %outbox.table, error = %e, "refused; the relay stops");
                             stop.cancel();
@@ -251,6 +269,7 @@ impl Relay {
                         Err(e) => tracing::error!(error = %e, "keeping the tenants the relay has"),
                     }
                 }
+                () = sleep_until(next_retry), if !stop.is_cancelled() => {}
                 () = stop.cancelled(), if pumps.is_empty() => {}
             }
         }
