@@ -1,7 +1,8 @@
 //! The relay on MySQL's family, on a real MariaDB (`scripts/services start mariadb`), Kafka and
 //! Pulsar: `migrate`, the message contract (key, headers, the payload byte for byte) on both
 //! brokers, poison rows parked with their aggregate held while others flow, `failed` and
-//! `status`, three relays sharing the shards and one killed, a relay killed again and again during a
+//! `status`, three relays sharing the shards and one killed, two tenant databases under one relay,
+//! a relay killed again and again during a
 //! drain and the broker paused meanwhile: nothing lost, each aggregate's first deliveries in
 //! order; the claim's plan; and the consumer loop with its inbox on MariaDB.
 //!
@@ -626,6 +627,78 @@ async fn the_relay_killed_ten_times_during_a_50k_drain_loses_nothing() {
     let received = consume(&[&m.topic()], TOTAL as usize, Duration::from_secs(120)).await;
     let duplicates = assert_complete_and_ordered(&received, TOTAL, 20);
     eprintln!("{TOTAL} readings, {duplicates} duplicates");
+    assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
+}
+
+/// Two tenant databases on one MariaDB server under one relay (`--tenants`): each tenant's pump
+/// takes all 256 of its database's shards (the lock names carry the database, so the two never
+/// collide), each tenant's readings arrive in order, and a tenant removed from the list gives its
+/// shards up while the other flows on.
+#[tokio::test]
+async fn one_relay_publishes_two_tenant_databases_on_one_server() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (acme, globex) = (MariaDb::new().await, MariaDb::new().await);
+    let tenants = outbox_tests::temp_dir().join("tenants");
+    let list = |lines: &[(&str, &MariaDb)]| {
+        let text: Vec<String> = lines
+            .iter()
+            .map(|(n, m)| format!("{n} {}", m.url))
+            .collect();
+        std::fs::write(&tenants, text.join("\n") + "\n").unwrap();
+    };
+    list(&[("acme", &acme), ("globex", &globex)]);
+    acme.record(0..40, 4).await;
+    globex.record(0..40, 4).await;
+    // Both tenants publish to acme's topics.
+    let mut relay = acme.spawn_relay(&["--tenants", tenants.to_str().unwrap()]);
+    wait_for_holders(&acme, 1).await;
+    wait_for_holders(&globex, 1).await;
+    let unpublished = "SELECT COUNT(*) FROM outbox WHERE published_at IS NULL";
+    acme.wait_until_zero(unpublished, Duration::from_secs(60))
+        .await;
+    globex
+        .wait_until_zero(unpublished, Duration::from_secs(60))
+        .await;
+    let received = consume(&[&acme.topic()], 80, Duration::from_secs(60)).await;
+    // Each meter has two readings of each `n`, one per tenant: per meter, the readings arrive as
+    // two interleaved runs, each in order.
+    let mut by_meter: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for m in &received {
+        by_meter
+            .entry(m.key.clone())
+            .or_default()
+            .push(m.json()["n"].as_u64().unwrap());
+    }
+    for (meter, ns) in &by_meter {
+        let mut runs: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+        for n in ns {
+            // The first run takes a reading unless it already has it (then it is the other's).
+            let run = usize::from(runs[0].contains(n));
+            runs[run].push(*n);
+        }
+        let expected: Vec<u64> = (0..40)
+            .filter(|n| format!("m-{}", n % 4) == *meter)
+            .collect();
+        assert_eq!(runs, [expected.clone(), expected], "{meter}: {ns:?}");
+    }
+
+    // Acme removed: its shards are given up; globex flows on.
+    list(&[("globex", &globex)]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lease_holders(&acme).await.is_empty() {
+        assert!(Instant::now() < deadline, "acme's shards were not released");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    acme.record(40..44, 4).await;
+    globex.record(40..44, 4).await;
+    globex
+        .wait_until_zero(unpublished, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        acme.scalar(unpublished).await,
+        4,
+        "acme published after it was removed"
+    );
     assert_eq!(terminate(&mut relay), Some(0), "{}", relay.log());
 }
 
