@@ -3,7 +3,9 @@
 # database with B aggregates parked at their first event and W more of their events ahead of F
 # events of 1,000 free aggregates (about 200-byte payloads). Claims of 500, as the relay runs them,
 # until one returns events: those hold the waiting rows, a batch each. Then five claims after a
-# vacuum. Prints each phase's claims, ms and buffers.
+# vacuum, and three of the sweep each pump runs every minute (RELEASE_UNBLOCKED over every shard,
+# which releases nothing here: every held row still waits). Prints each phase's claims, ms and
+# buffers.
 #
 #   scripts/services start postgres > /tmp/pg.env && source /tmp/pg.env
 #   bench/blocked.sh [B W F]     (default: 10000 990000 10000)
@@ -49,5 +51,9 @@ for phase in "before a vacuum" "after a vacuum"; do
     read -r ms rows buffers <<< "$(claim_plan "$U")"
     echo "past them, $phase: ms=$ms rows=$rows buffers=$buffers"
   done
+done
+for _ in 1 2 3; do
+  read -r ms rows buffers <<< "$(sweep_plan "$U")"
+  echo "the sweep: ms=$ms released=$rows buffers=$buffers"
 done
 $PSQL "$DATABASE_URL" -qc "drop database blocked_bench"

@@ -26,6 +26,19 @@ EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(decode(repeat('ff', 32), '
 SQL
 }
 
+# sweep_plan URL: the sweep a pump runs every minute (RELEASE_UNBLOCKED) over every shard with
+# parked aggregates held back, in a transaction rolled back; prints "MS RELEASED BUFFERS".
+sweep_plan() {
+  local sweep
+  sweep=$(rust_str "$root/outbox-relay/src/source/table/postgres.rs" RELEASE_UNBLOCKED)
+  "$(pg_config --bindir)/psql" "$1" -At <<SQL | python3 -c 'import sys,json; t=sys.stdin.read(); j=json.loads(t[t.index("["):t.rindex("]")+1]); p=j[0]["Plan"]; print("%.2f %d %d" % (j[0]["Execution Time"], p["Plans"][0]["Actual Rows"] if p.get("Plans") else p["Actual Rows"], p["Shared Hit Blocks"]+p["Shared Read Blocks"]))'
+BEGIN;
+PREPARE sweep(bytea, bool) AS $sweep;
+EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE sweep(decode(repeat('ff', 32), 'hex'), true);
+ROLLBACK;
+SQL
+}
+
 # application_sql: the benchmarks' application, a pgbench script: each transaction changes a row
 # of `soak_orders` (ids 1-1000) and records one event of that order with `record`'s own
 # statement (read from outbox-core/src/record.rs), prepared as sqlx prepares it, about 200-byte
