@@ -19,7 +19,6 @@
 //! bounded by the configuration.
 
 use crate::batch::Outcome;
-use crate::source::table::Backlog;
 use std::time::Duration;
 
 pub(crate) const BACKLOG: &str = "outbox_backlog_events";
@@ -139,15 +138,20 @@ pub(crate) fn shards(labels: &[(&'static str, String)], n: usize) {
 }
 
 /// Records a sample of a table's backlog (`outbox-relay status`'s figures); `labels` name the
-/// table (and its tenant).
-pub(crate) fn backlog_sampled(labels: &[(&'static str, String)], backlog: &Backlog) {
-    metrics::gauge!(BACKLOG, labels).set(backlog.waiting as f64);
-    metrics::gauge!(PARKED, labels).set(backlog.parked as f64);
-    if let Some(held) = backlog.held {
+/// table (and its tenant). `held` is `None` where the claim holds no rows (SQLite, MySQL).
+pub(crate) fn backlog_sampled(
+    labels: &[(&'static str, String)],
+    waiting: i64,
+    parked: i64,
+    held: Option<i64>,
+    oldest_unpublished: Option<Duration>,
+) {
+    metrics::gauge!(BACKLOG, labels).set(waiting as f64);
+    metrics::gauge!(PARKED, labels).set(parked as f64);
+    if let Some(held) = held {
         metrics::gauge!(HELD, labels).set(held as f64);
     }
-    metrics::gauge!(OLDEST_AGE, labels)
-        .set(backlog.oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
+    metrics::gauge!(OLDEST_AGE, labels).set(oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
 }
 
 /// Zeroes the gauges of an outbox table the relay no longer serves (a tenant removed from the

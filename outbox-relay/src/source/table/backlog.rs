@@ -37,7 +37,14 @@ pub(crate) async fn sample_backlog(
         |table: &mut OutboxTable| {
             let labels = labels.clone();
             Box::pin(async move {
-                metrics::backlog_sampled(&labels, &table.backlog().await?);
+                let b = table.backlog().await?;
+                metrics::backlog_sampled(
+                    &labels,
+                    b.waiting,
+                    b.parked,
+                    b.held,
+                    b.oldest_unpublished,
+                );
                 Ok(())
             })
         },
