@@ -81,8 +81,9 @@ const MARK_COLUMNS: &str = "
     substring(obj_description(p.oid, 'pg_publication') FROM '; new slot (.*)$') AS new_slot,
     split_part(obj_description(p.oid, 'pg_publication'), $2, 2) AS backlog";
 
-/// A publication of this schema's outbox table, as listed for the polling relay and `status`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A publication of this schema's outbox table, as listed for the polling relay and `status`
+/// (read as its name and [`MARK_COLUMNS`], then [`Publication::read`]).
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub(crate) struct Publication {
     pub name: String,
     /// Made by a WAL relay of this project.
@@ -95,25 +96,15 @@ pub(crate) struct Publication {
     pub backlog: Option<String>,
 }
 
-/// A publication's name and [`MARK_COLUMNS`], as read.
-#[derive(sqlx::FromRow)]
-struct Marked {
-    name: String,
-    ours: bool,
-    slot: Option<String>,
-    new_slot: Option<String>,
-    backlog: Option<String>,
-}
-
-impl From<Marked> for Publication {
-    /// A slot is named only in a WAL relay's mark.
-    fn from(m: Marked) -> Self {
+impl Publication {
+    /// As read from [`MARK_COLUMNS`]: a slot and a snapshot are named only in a WAL relay's mark.
+    fn read(self) -> Self {
+        let ours = self.ours;
         Publication {
-            name: m.name,
-            slot: m.slot.filter(|_| m.ours),
-            new_slot: m.new_slot.filter(|_| m.ours),
-            backlog: m.backlog.filter(|b| m.ours && !b.is_empty()),
-            ours: m.ours,
+            slot: self.slot.filter(|_| ours),
+            new_slot: self.new_slot.filter(|_| ours),
+            backlog: self.backlog.filter(|b| ours && !b.is_empty()),
+            ..self
         }
     }
 }
@@ -123,7 +114,7 @@ impl From<Marked> for Publication {
 struct PublicationOf {
     publishes_outbox: bool,
     #[sqlx(flatten)]
-    marked: Marked,
+    publication: Publication,
 }
 
 /// The publication named so, if it exists, and whether it publishes the inserts of this schema's
@@ -148,7 +139,7 @@ pub(super) async fn publication_of(
         .bind(name)
         .fetch_optional(conn)
         .await?;
-    Ok(found.map(|row| (row.marked.into(), row.publishes_outbox)))
+    Ok(found.map(|row| (row.publication.read(), row.publishes_outbox)))
 }
 
 /// The publications of this schema's outbox table, made by any tool (`FOR ALL TABLES` ones too).
@@ -162,12 +153,12 @@ pub(crate) async fn publications(conn: &mut PgConnection) -> Result<Vec<Publicat
          WHERE c.oid = to_regclass('outbox')
          ORDER BY 1"
     );
-    let rows: Vec<Marked> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let rows: Vec<Publication> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(MARK)
         .bind(BACKLOG)
         .fetch_all(conn)
         .await?;
-    Ok(rows.into_iter().map(Publication::from).collect())
+    Ok(rows.into_iter().map(Publication::read).collect())
 }
 
 /// What a polling relay says when a WAL relay's publication holds the table.
