@@ -61,7 +61,7 @@ application_sql() {
 }
 
 # application_database NAME OUT: a fresh database NAME beside DATABASE_URL's, migrated by the
-# relay at RELAY, holding the application's `soak_orders`, and its pgbench script in
+# relay at RELAY (with MIGRATE_ARGS, if set), holding the application's `soak_orders`, and its pgbench script in
 # OUT/application.sql. Prints the database's URL.
 application_database() {
   local bin url="${DATABASE_URL%/*}/$1"
@@ -69,7 +69,8 @@ application_database() {
   # (A command substitution does not stop at a failure: each step returns it.)
   application_sql > "$2/application.sql" || return
   "$bin/psql" "$DATABASE_URL" -qc "drop database if exists $1" -c "create database $1" || return
-  "$RELAY" migrate --database-url "$url" > /dev/null || return
+  # shellcheck disable=SC2086 # MIGRATE_ARGS: extra words for `migrate` (`--partitioned 1m`)
+  "$RELAY" migrate --database-url "$url" ${MIGRATE_ARGS:-} > /dev/null || return
   "$bin/psql" "$url" -q -c "CREATE TABLE soak_orders (id int PRIMARY KEY, total bigint)" \
     -c "INSERT INTO soak_orders SELECT g, 0 FROM generate_series(1, 1000) g" || return
   echo "$url"

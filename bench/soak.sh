@@ -6,7 +6,9 @@
 # relay's commit-to-ack and batch histograms, its CPU and memory, and the application's own
 # transaction latency. `bench/soak_report.py OUT` tables the samples and draws the plot.
 #
-# The application is pgbench running `application_sql` (bench/relay_sql.sh).
+# The application is pgbench running `application_sql` (bench/relay_sql.sh). With
+# MIGRATE_ARGS="--partitioned 1m" the table is in the partitioned layout, and retention drops
+# partitions instead of deleting rows.
 #
 #   scripts/services start postgres kafka > /tmp/svc.env && source /tmp/svc.env
 #   cargo build --release -p seaorm-outbox-relay
@@ -35,10 +37,14 @@ trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; kill "$application" 2> /dev
 sample() { # MINUTE
   local t; t=$(date +%s)
   local table
-  table=$("$BIN/psql" "$URL" -At -F, -c "SELECT n_live_tup, n_dead_tup, pg_table_size('outbox'),
-      pg_indexes_size('outbox'), autovacuum_count, autoanalyze_count,
+  # Summed over the table's partitions when it has some (pg_partition_tree: the table alone
+  # when it has none).
+  table=$("$BIN/psql" "$URL" -At -F, -c "SELECT coalesce(sum(n_live_tup), 0), coalesce(sum(n_dead_tup), 0),
+      (SELECT sum(pg_table_size(relid)) FROM pg_partition_tree('outbox')),
+      (SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree('outbox')),
+      coalesce(sum(autovacuum_count), 0), coalesce(sum(autoanalyze_count), 0),
       (SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)
-    FROM pg_stat_user_tables WHERE relname = 'outbox'")
+    FROM pg_stat_user_tables WHERE relid IN (SELECT relid FROM pg_partition_tree('outbox'))")
   local ms buffers
   read -r ms _ buffers <<< "$(claim_plan "$URL")"
   local cpu=0 rss=0

@@ -204,3 +204,52 @@ pub async fn migrate_table(
     }
     Ok(())
 }
+
+/// Creates or upgrades the outbox table `table` on PostgreSQL in the partitioned layout (see
+/// [`schema::partitioned`](crate::schema::partitioned)): creates it ranged by `created_at` when it
+/// is missing, then runs [`migrate_table`]. The relay makes the partitions ahead of time; until it
+/// has, rows go to the default partition. An existing table that is not partitioned is an error:
+/// converting one is not supported (copy its unpublished rows into a new table instead).
+///
+/// ```no_run
+/// use seaorm_outbox::TableName;
+/// # async fn f(db: &sea_orm::DatabaseConnection) -> Result<(), Box<dyn std::error::Error>> {
+/// seaorm_outbox::migration::migrate_partitioned(db, &TableName::DEFAULT).await?;
+/// # Ok(()) }
+/// ```
+pub async fn migrate_partitioned(
+    db: &sea_orm::DatabaseConnection,
+    table: &TableName,
+) -> Result<(), DbErr> {
+    use sea_orm::{ConnectionTrait, DbBackend, Statement};
+    let backend = db.get_database_backend();
+    if backend != DbBackend::Postgres {
+        return Err(DbErr::Migration(format!(
+            "the partitioned layout needs PostgreSQL, not {backend:?}"
+        )));
+    }
+    let kind = db
+        .query_one_raw(Statement::from_sql_and_values(
+            backend,
+            "SELECT relkind::text AS kind FROM pg_class WHERE oid = to_regclass($1)",
+            [table.quoted('"').into()],
+        ))
+        .await?
+        .map(|row| row.try_get::<String>("", "kind"))
+        .transpose()?;
+    match kind.as_deref() {
+        None => {
+            db.execute_unprepared(&crate::schema::partitioned(table))
+                .await?;
+        }
+        Some("p") => {}
+        Some(_) => {
+            return Err(DbErr::Migration(format!(
+                "the outbox table `{table}` exists and is not partitioned; converting a table is \
+                 not supported: migrate a new table in the partitioned layout and move the \
+                 unpublished rows into it"
+            )));
+        }
+    }
+    migrate_table(db, table).await
+}

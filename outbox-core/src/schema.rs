@@ -92,6 +92,37 @@ impl SchemaStep {
     }
 }
 
+/// The first statement of [`STEPS`]' first step in the partitioned layout (PostgreSQL only,
+/// opt-in): `table` created ranged by `created_at`, with its default partition. Run it before the
+/// steps, whose `CREATE TABLE IF NOT EXISTS` then leaves this table as it is and whose indexes are
+/// made on every partition; the relay makes the partitions of each interval ahead of time and
+/// drops those past retention whose rows are all published. The file
+/// `sql/postgres/partitioned/0001_outbox.sql` holds the same statements for the default table.
+///
+/// ```
+/// use seaorm_outbox::TableName;
+///
+/// let sql = seaorm_outbox::schema::partitioned(&TableName::new("billing.outbox")?);
+/// assert!(sql.contains("PARTITION BY RANGE (created_at)"));
+/// assert!(sql.contains(r#""billing"."outbox_default" PARTITION OF "billing"."outbox" DEFAULT"#));
+/// # Ok::<(), seaorm_outbox::InvalidTableName>(())
+/// ```
+pub fn partitioned(table: &TableName) -> String {
+    let sql = table.rewrite(
+        include_str!("../sql/postgres/partitioned/0001_outbox.sql"),
+        '"',
+    );
+    match table.schema() {
+        // The rewrite names a table's objects without their schema, as indexes are named; a
+        // partition is a table, made in the parent's schema only when named there.
+        Some(schema) => {
+            let partition = format!("\"{}_default\"", table.name());
+            sql.replace(&partition, &format!("\"{schema}\".{partition}"))
+        }
+        None => sql.into_owned(),
+    }
+}
+
 /// How `backend` quotes an identifier; an error for a schema-qualified table outside PostgreSQL.
 fn quote(backend: DbBackend, table: &TableName) -> Result<char> {
     match backend {

@@ -77,5 +77,5 @@ pub use source::table::{
     PG_SESSION as POSTGRES_SESSION_SQL,
 };
 pub use source::wal;
-pub use status::{Status, status};
+pub use status::{Partitions, Status, status};
 pub use tenants::{Tenant, Tenants};

@@ -1,5 +1,6 @@
 //! `outbox-relay status`: how far behind the relay is.
 
+use crate::source::table::partitions;
 use crate::source::table::{Connection, OutboxTable};
 use seaorm_outbox::TableName;
 use std::time::Duration;
@@ -22,6 +23,36 @@ pub struct Status {
     /// logical replication); empty for the polling source. With them, `backlog` and
     /// `oldest_unpublished` do not apply: the WAL source never marks rows.
     pub wal_slots: Vec<crate::source::wal::SlotStatus>,
+    /// The table's partitions, when it is in the partitioned layout (`migrate --partitioned`).
+    pub partitions: Option<Partitions>,
+}
+
+/// The partitions of an outbox table in the partitioned layout, as `status` prints them.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Partitions {
+    /// How many partitions of intervals the table has (the default one aside).
+    pub count: usize,
+    /// The start of the oldest one's interval and the end of the newest's.
+    pub span: Option<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)>,
+    /// Events in the default partition: recorded while their interval had no partition (the
+    /// relay was stopped, or could not make it). Pruned row by row; normally 0.
+    pub in_default: i64,
+}
+
+impl std::fmt::Display for Partitions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "partitions:         {}", self.count)?;
+        if let Some((from, to)) = self.span {
+            write!(
+                f,
+                ", from {} to {} UTC",
+                from.format("%Y-%m-%d %H:%M"),
+                to.format("%Y-%m-%d %H:%M")
+            )?;
+        }
+        write!(f, "; {} events in the default partition", self.in_default)
+    }
 }
 
 impl std::fmt::Display for Status {
@@ -90,6 +121,9 @@ impl std::fmt::Display for Status {
                  their aggregate)"
             )?;
         }
+        if let Some(partitions) = &self.partitions {
+            write!(f, "\n{partitions}")?;
+        }
         Ok(())
     }
 }
@@ -104,9 +138,13 @@ pub async fn status(database_url: &str, table: &TableName) -> Result<Status, sql
 /// Reads the status over an open connection.
 pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::Error> {
     let backlog = table.backlog().await?;
-    let wal_slots = match &mut table.conn {
-        Connection::Postgres(conn) => crate::source::wal::slot::all_status(conn).await?,
-        Connection::Sqlite(_) | Connection::MySql(_) => Vec::new(),
+    let name = table.name.clone();
+    let (wal_slots, partitions) = match &mut table.conn {
+        Connection::Postgres(conn) => (
+            crate::source::wal::slot::all_status(conn).await?,
+            partitions::status(conn, &name).await?,
+        ),
+        Connection::Sqlite(_) | Connection::MySql(_) => (Vec::new(), None),
     };
     Ok(Status {
         wal_slots,
@@ -114,5 +152,6 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
         parked: backlog.parked,
         held: backlog.held,
         oldest_unpublished: backlog.oldest_unpublished,
+        partitions,
     })
 }

@@ -4,7 +4,7 @@
 //! [`DatabaseArgs`]) are defined once, in `settings.rs`, and flattened in here.
 
 use super::settings::{DatabaseArgs, Settings};
-use super::values::LogFormat;
+use super::values::{LogFormat, Wait};
 use clap::{Args, Parser, Subcommand};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -40,6 +40,11 @@ pub(super) enum Command {
         /// Also install the trigger behind `--wakeup notify` (PostgreSQL).
         #[arg(long)]
         notify_trigger: bool,
+        /// Create a missing outbox table in the partitioned layout (PostgreSQL): one partition of
+        /// `created_at` per interval this long (`1d`, `1h`), made ahead by the relay, and
+        /// retention drops partitions whose events are all published instead of deleting rows.
+        #[arg(long, value_name = "INTERVAL")]
+        partitioned: Option<Wait>,
     },
     /// List the event types linked into this binary, with their topics.
     Routes(RoutesArgs),

@@ -89,8 +89,17 @@ pub fn main() -> ExitCode {
     runtime.block_on(async move {
         let result = match command {
             Command::Run(_) => run::run(&settings, shutdown.unwrap_or_default()).await,
-            Command::Migrate { notify_trigger, .. } => {
-                migrate::migrate(&settings, notify_trigger).await
+            Command::Migrate {
+                notify_trigger,
+                partitioned,
+                ..
+            } => {
+                migrate::migrate(
+                    &settings,
+                    notify_trigger,
+                    partitioned.map(|values::Wait(d)| d),
+                )
+                .await
             }
             Command::Routes(_) => Ok(routes::routes(&settings)),
             Command::Status(_) => status::status(&settings).await,

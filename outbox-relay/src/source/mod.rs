@@ -268,7 +268,11 @@ pub(crate) fn spawn_background(
             Some(Pruned::Read)
         }
     };
-    if let (Some(pruned), Some(retention)) = (pruned, config.retention) {
+    let retention = config.retention;
+    // A partitioned table (PostgreSQL) needs its partitions made ahead even with nothing to prune.
+    let partitions_possible = Backend::of(&outbox.database_url) == Backend::Postgres
+        && matches!(config.source, config::Source::Table);
+    if (pruned.is_some() && retention.is_some()) || partitions_possible {
         let every = config.prune_interval;
         let table = outbox.table.clone();
         tasks.spawn("pruner", move |stop| {

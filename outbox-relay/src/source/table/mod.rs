@@ -1,7 +1,7 @@
 //! The table source: the relay's reads and writes of the `outbox` table, on PostgreSQL, SQLite
 //! and MySQL/MariaDB (their SQL in `postgres.rs`, `sqlite.rs` and `mysql.rs`), and what serves
 //! them: the shard leases among replicas (`leases.rs`), the wake-up on new rows (`wakeup.rs`),
-//! pruning (`prune.rs`).
+//! pruning (`prune.rs`), the partitioned layout's partitions (`partitions.rs`).
 //!
 //! On both databases a claim is a plain read, and the outcome is written in one short transaction
 //! after the broker answered: no relay transaction stays open while a broker is slow or away,
@@ -14,6 +14,7 @@ mod any_row;
 pub(crate) mod backlog;
 pub(crate) mod leases;
 pub(crate) mod mysql;
+pub(crate) mod partitions;
 mod postgres;
 pub(crate) mod prune;
 mod read;

@@ -2,9 +2,10 @@
 //!
 //! Small batches on a timer, never one unbounded DELETE: a huge delete holds locks and bloats the
 //! WAL until it commits, stalling writers (peers have shipped that bug). Each batch is found through
-//! the partial index `outbox_published`. In delete mode there is nothing to prune.
+//! the partial index `outbox_published`. In delete mode there is nothing to prune. A partitioned
+//! table drops whole partitions instead (`partitions.rs`), in the same tick.
 
-use super::{OutboxTable, SessionConfig, every_tick};
+use super::{OutboxTable, SessionConfig, every_tick, partitions};
 use seaorm_outbox::TableName;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -13,7 +14,10 @@ use tokio_util::sync::CancellationToken;
 const PRUNE_BATCH: i64 = 1000;
 
 /// Deletes the published rows of the outbox table `table` older than `retention`, batch after
-/// batch, until none is left; returns how many it deleted.
+/// batch, until none is left; returns how many it deleted. On a partitioned table (see
+/// `migrate --partitioned`) it drops the partitions past `retention` whose rows are all published
+/// (their rows not counted), deletes only the default partition's rows, and makes the partitions
+/// due ahead.
 ///
 /// ```no_run
 /// # async fn f() -> Result<(), sqlx::Error> {
@@ -28,7 +32,7 @@ pub async fn prune(
     retention: Duration,
 ) -> Result<u64, sqlx::Error> {
     let mut table = OutboxTable::connect(database_url, table).await?;
-    prune_on(&mut table, Pruned::Published, retention).await
+    prune_on(&mut table, Some(Pruned::Published), Some(retention)).await
 }
 
 /// Which rows a source's pruning deletes.
@@ -43,20 +47,40 @@ pub(crate) enum Pruned {
     Read,
 }
 
-/// Deletes the `pruned` rows past `retention`, batch after batch, until none is left; returns
-/// how many it deleted.
+/// One tick of the table's upkeep: keeps its partitions when it is partitioned (made ahead, and
+/// with a `retention` the published ones past it dropped), then deletes the `pruned` rows past
+/// `retention` (of a partitioned table, the default partition's), batch after batch, until none
+/// is left; returns how many rows it deleted.
 async fn prune_on(
     table: &mut OutboxTable,
-    pruned: Pruned,
-    retention: Duration,
+    pruned: Option<Pruned>,
+    retention: Option<Duration>,
 ) -> Result<u64, sqlx::Error> {
+    let name = table.name.clone();
+    let partitioned = match table.postgres() {
+        Some(conn) => partitions::keep(conn, &name, None, retention).await?,
+        None => None,
+    };
+    let (Some(pruned), Some(retention)) = (pruned, retention) else {
+        return Ok(0);
+    };
     let cutoff_ms = chrono::Utc::now().timestamp_millis()
         - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     let mut total = 0;
     loop {
-        let deleted = match pruned {
-            Pruned::Published => table.delete_published(retention, PRUNE_BATCH).await?,
-            Pruned::Read => {
+        let deleted = match (&partitioned, pruned) {
+            (Some(partitioned), Pruned::Published) => match table.postgres() {
+                Some(conn) => {
+                    partitioned
+                        .prune_default(conn, retention, PRUNE_BATCH)
+                        .await?
+                }
+                None => 0,
+            },
+            // The WAL source refuses a partitioned table.
+            (Some(_), Pruned::Read) => 0,
+            (None, Pruned::Published) => table.delete_published(retention, PRUNE_BATCH).await?,
+            (None, Pruned::Read) => {
                 let below = uuid_v7_floor(cutoff_ms.max(0));
                 table.delete_read(below, PRUNE_BATCH).await?
             }
@@ -70,12 +94,12 @@ async fn prune_on(
     }
 }
 
-/// Prunes the `pruned` rows every `every` until `shutdown`.
+/// Runs the table's upkeep (see [`prune_on`]) every `every` until `shutdown`.
 pub(crate) async fn prune_periodically(
     session: SessionConfig,
     table: TableName,
-    pruned: Pruned,
-    retention: Duration,
+    pruned: Option<Pruned>,
+    retention: Option<Duration>,
     every: Duration,
     shutdown: CancellationToken,
 ) {

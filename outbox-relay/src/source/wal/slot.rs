@@ -47,6 +47,18 @@ pub(crate) async fn prepare(conn: &mut PgConnection, source: &WalSource) -> Resu
                 .into(),
         )));
     }
+    let partitioned: bool =
+        sqlx::query_scalar("SELECT relkind = 'p' FROM pg_class WHERE oid = 'outbox'::regclass")
+            .fetch_one(&mut *conn)
+            .await?;
+    if partitioned {
+        // Its table-less events are parked by id alone, which a partitioned table cannot key.
+        return Err(Prepare::Refused(Refused(
+            "the outbox table is partitioned (migrate --partitioned); the WAL source serves the \
+             plain layout only: publish this table with the polling relay"
+                .into(),
+        )));
+    }
     let polling: i64 = sqlx::query_scalar(POLLING_RELAYS)
         .fetch_one(&mut *conn)
         .await?;
