@@ -37,14 +37,15 @@ trap '[ -n "$relay" ] && kill "$relay" 2> /dev/null; kill "$application" 2> /dev
 sample() { # MINUTE
   local t; t=$(date +%s)
   local table
-  # Summed over the table's partitions when it has some (pg_partition_tree: the table alone
-  # when it has none).
-  table=$("$BIN/psql" "$URL" -At -F, -c "SELECT coalesce(sum(n_live_tup), 0), coalesce(sum(n_dead_tup), 0),
-      (SELECT sum(pg_table_size(relid)) FROM pg_partition_tree('outbox')),
-      (SELECT sum(pg_indexes_size(relid)) FROM pg_partition_tree('outbox')),
+  # Summed over the table and its partitions, if it has some (pg_partition_tree names none of
+  # a plain table).
+  table=$("$BIN/psql" "$URL" -At -F, -c "WITH tree AS (SELECT relid FROM pg_partition_tree('outbox')
+                  UNION SELECT 'outbox'::regclass)
+    SELECT coalesce(sum(n_live_tup), 0), coalesce(sum(n_dead_tup), 0),
+      (SELECT sum(pg_table_size(relid)) FROM tree), (SELECT sum(pg_indexes_size(relid)) FROM tree),
       coalesce(sum(autovacuum_count), 0), coalesce(sum(autoanalyze_count), 0),
       (SELECT count(*) FROM outbox WHERE published_at IS NULL AND parked_at IS NULL)
-    FROM pg_stat_user_tables WHERE relid IN (SELECT relid FROM pg_partition_tree('outbox'))")
+    FROM pg_stat_user_tables WHERE relid IN (SELECT relid FROM tree)")
   local ms buffers
   read -r ms _ buffers <<< "$(claim_plan "$URL")"
   local cpu=0 rss=0
