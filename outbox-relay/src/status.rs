@@ -1,6 +1,6 @@
 //! `outbox-relay status`: how far behind the relay is.
 
-use crate::source::table::partitions;
+use crate::source::table::partitions::Partitioned;
 use crate::source::table::{Connection, OutboxTable};
 use seaorm_outbox::TableName;
 use std::time::Duration;
@@ -142,7 +142,7 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
     let (wal_slots, partitions) = match &mut table.conn {
         Connection::Postgres(conn) => (
             crate::source::wal::slot::all_status(conn).await?,
-            partitions::status(conn, &name).await?,
+            partitions_of(conn, &name).await?,
         ),
         Connection::Sqlite(_) | Connection::MySql(_) => (Vec::new(), None),
     };
@@ -154,4 +154,24 @@ pub(crate) async fn status_on(table: &mut OutboxTable) -> Result<Status, sqlx::E
         oldest_unpublished: backlog.oldest_unpublished,
         partitions,
     })
+}
+
+/// What `status` says of `table`'s partitions; `None` when it is not partitioned.
+async fn partitions_of(
+    conn: &mut sqlx::PgConnection,
+    table: &TableName,
+) -> Result<Option<Partitions>, sqlx::Error> {
+    let Some(partitioned) = Partitioned::of(conn, table).await? else {
+        return Ok(None);
+    };
+    let span = partitioned
+        .partitions
+        .first()
+        .zip(partitioned.partitions.last())
+        .map(|(oldest, newest)| (oldest.lower, newest.upper));
+    Ok(Some(Partitions {
+        count: partitioned.partitions.len(),
+        span,
+        in_default: partitioned.in_default(conn).await?,
+    }))
 }

@@ -209,6 +209,24 @@ impl Partitioned {
         Ok(true)
     }
 
+    /// How many rows the default partition holds (0 without one): those recorded while their
+    /// interval had no partition.
+    pub async fn in_default(&self, conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+        let default = self.default_partition();
+        let has_default: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(&default)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !has_default {
+            return Ok(0);
+        }
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {default}"
+        )))
+        .fetch_one(&mut *conn)
+        .await
+    }
+
     /// The default partition's name, schema-qualified and quoted.
     fn default_partition(&self) -> String {
         format!("{}.\"{}_default\"", self.schema, self.prefix)
@@ -351,40 +369,6 @@ pub(crate) async fn keep(
         }
     }
     Ok(Some(partitioned))
-}
-
-/// What `status` says of `table`'s partitions; `None` when it is not partitioned.
-pub(crate) async fn status(
-    conn: &mut PgConnection,
-    table: &TableName,
-) -> Result<Option<crate::status::Partitions>, sqlx::Error> {
-    let Some(partitioned) = Partitioned::of(conn, table).await? else {
-        return Ok(None);
-    };
-    let default = partitioned.default_partition();
-    let has_default: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-        .bind(&default)
-        .fetch_one(&mut *conn)
-        .await?;
-    let in_default: i64 = if has_default {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT count(*) FROM {default}"
-        )))
-        .fetch_one(&mut *conn)
-        .await?
-    } else {
-        0
-    };
-    let span = partitioned
-        .partitions
-        .first()
-        .zip(partitioned.partitions.last())
-        .map(|(oldest, newest)| (oldest.lower, newest.upper));
-    Ok(Some(crate::status::Partitions {
-        count: partitioned.partitions.len(),
-        span,
-        in_default,
-    }))
 }
 
 #[cfg(test)]
