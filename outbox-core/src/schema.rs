@@ -97,7 +97,7 @@ impl SchemaStep {
 /// steps, whose `CREATE TABLE IF NOT EXISTS` then leaves this table as it is and whose indexes are
 /// made on every partition; the relay makes the partitions of each interval ahead of time and
 /// drops those past retention whose rows are all published. The file
-/// `sql/postgres/partitioned/0001_outbox.sql` holds the same statements for the default table.
+/// `sql/postgres-partitioned/0001_outbox.sql` holds the same statements for the default table.
 ///
 /// ```
 /// use seaorm_outbox::TableName;
@@ -109,7 +109,7 @@ impl SchemaStep {
 /// ```
 pub fn partitioned(table: &TableName) -> String {
     let sql = table.rewrite(
-        include_str!("../sql/postgres/partitioned/0001_outbox.sql"),
+        include_str!("../sql/postgres-partitioned/0001_outbox.sql"),
         '"',
     );
     match table.schema() {

@@ -159,6 +159,37 @@ fn assert_same_and_documented<'a>(a: &'a Described, b: &Described) -> &'a [Optio
 }
 
 #[tokio::test]
+async fn postgres_partitioned_migration_and_sql_files_agree() {
+    let (migrated, migrated_schema) = postgres_schema().await;
+    seaorm_outbox::migration::migrate_partitioned(&migrated, &seaorm_outbox::TableName::DEFAULT)
+        .await
+        .unwrap();
+    let (plain, plain_schema) = postgres_schema().await;
+    apply_sql_files(&plain, "postgres-partitioned").await;
+    apply_sql_files(&plain, "postgres").await;
+
+    let a = describe_postgres(&migrated, &migrated_schema).await;
+    let b = describe_postgres(&plain, &plain_schema).await;
+    assert_eq!(a.columns, b.columns);
+    assert_eq!(a.indexes, b.indexes);
+    for db in [&migrated, &plain] {
+        let kinds = text_rows(
+            db,
+            "SELECT relkind::text FROM pg_class WHERE oid IN ('outbox'::regclass, 'outbox_default'::regclass) ORDER BY relname",
+        )
+        .await;
+        assert_eq!(kinds, [[Some("p".to_owned())], [Some("r".to_owned())]]);
+    }
+    // The plain layout's columns, the same as its migration makes.
+    let (unpartitioned, unpartitioned_schema) = postgres_schema().await;
+    seaorm_outbox::migration::migrate(&unpartitioned)
+        .await
+        .unwrap();
+    let c = describe_postgres(&unpartitioned, &unpartitioned_schema).await;
+    assert_eq!(a.column_names("outbox"), c.column_names("outbox"));
+}
+
+#[tokio::test]
 async fn postgres_migration_and_sql_files_agree() {
     let (migrated, migrated_schema) = postgres_schema().await;
     seaorm_outbox::migration::migrate(&migrated).await.unwrap();

@@ -1,5 +1,5 @@
 -- outbox schema, version 1, in the partitioned layout: PostgreSQL 13 or newer. Opt-in, instead of
--- the first statement of ../0001_outbox.sql; then apply ../0001_outbox.sql (its CREATE TABLE does
+-- the first statement of ../postgres/0001_outbox.sql; then apply ../postgres/0001_outbox.sql (its CREATE TABLE does
 -- nothing on this table, its indexes are made on every partition) and the later versions as usual.
 -- `outbox-relay migrate --partitioned 1d` runs all of it and makes the first partitions.
 --
