@@ -163,25 +163,11 @@ impl Partitioned {
         conn: &mut PgConnection,
         partition: &Partition,
     ) -> Result<bool, sqlx::Error> {
-        let mut txn = conn.begin().await?;
-        sqlx::query(LOCK_WAIT).execute(&mut *txn).await?;
-        // Replicas' upkeep one at a time; writers are not kept out by this lock.
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE",
-            self.table
-        )))
-        .execute(&mut *txn)
-        .await?;
-        let made: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&partition.name)
-            .fetch_one(&mut *txn)
-            .await?;
+        let mut txn = self.upkeep(conn).await?;
+        let made: bool = exists(&mut txn, &partition.name).await?;
         // PostgreSQL refuses a partition whose interval has rows in the default partition: they
         // were recorded while it was missing, and stay there, pruned row by row.
-        let has_default: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(self.default_partition())
-            .fetch_one(&mut *txn)
-            .await?;
+        let has_default = exists(&mut txn, &self.default_partition()).await?;
         let in_default = has_default
             && sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "SELECT EXISTS (SELECT 1 FROM {} WHERE created_at >= $1 AND created_at < $2)",
@@ -213,10 +199,7 @@ impl Partitioned {
     /// interval had no partition.
     pub async fn in_default(&self, conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
         let default = self.default_partition();
-        let has_default: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&default)
-            .fetch_one(&mut *conn)
-            .await?;
+        let has_default: bool = exists(&mut *conn, &default).await?;
         if !has_default {
             return Ok(0);
         }
@@ -225,6 +208,24 @@ impl Partitioned {
         )))
         .fetch_one(&mut *conn)
         .await
+    }
+
+    /// A transaction for one change of partitions: it waits at most [`LOCK_WAIT`] for a lock,
+    /// and holds the table's `SHARE UPDATE EXCLUSIVE` lock, so replicas' upkeep goes one at a
+    /// time while writers are not kept out.
+    async fn upkeep<'c>(
+        &self,
+        conn: &'c mut PgConnection,
+    ) -> Result<sqlx::Transaction<'c, sqlx::Postgres>, sqlx::Error> {
+        let mut txn = conn.begin().await?;
+        sqlx::query(LOCK_WAIT).execute(&mut *txn).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE",
+            self.table
+        )))
+        .execute(&mut *txn)
+        .await?;
+        Ok(txn)
     }
 
     /// The default partition's name, schema-qualified and quoted.
@@ -247,30 +248,17 @@ impl Partitioned {
             ))
         };
         // Most ticks find a partition kept by a parked row as it was: no lock taken for that.
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&partition.name)
-            .fetch_one(&mut *conn)
-            .await?;
-        if !exists
+        let attached = exists(&mut *conn, &partition.name).await?;
+        if !attached
             || sqlx::query_scalar(unpublished())
                 .fetch_one(&mut *conn)
                 .await?
         {
             return Ok(false);
         }
-        let mut txn = conn.begin().await?;
-        sqlx::query(LOCK_WAIT).execute(&mut *txn).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE",
-            self.table
-        )))
-        .execute(&mut *txn)
-        .await?;
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&partition.name)
-            .fetch_one(&mut *txn)
-            .await?;
-        if !exists {
+        let mut txn = self.upkeep(conn).await?;
+        let attached = exists(&mut txn, &partition.name).await?;
+        if !attached {
             return Ok(false);
         }
         sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -310,11 +298,8 @@ impl Partitioned {
                  SELECT ctid FROM {default} WHERE published_at < now() - make_interval(secs => $1)
                  ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
         );
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(&default)
-            .fetch_one(&mut *conn)
-            .await?;
-        if !exists {
+        let has_default = exists(&mut *conn, &default).await?;
+        if !has_default {
             return Ok(0);
         }
         Ok(sqlx::query(sqlx::AssertSqlSafe(sql))
@@ -324,6 +309,14 @@ impl Partitioned {
             .await?
             .rows_affected())
     }
+}
+
+/// Whether the table `name` (schema-qualified, quoted) exists.
+async fn exists(conn: &mut PgConnection, name: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(name)
+        .fetch_one(conn)
+        .await
 }
 
 /// Keeps `table`'s partitions if it is partitioned: makes the missing ones ahead (`every` wide
