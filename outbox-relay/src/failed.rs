@@ -209,10 +209,16 @@ const RELEASE_HELD: &str = "UPDATE outbox SET held_at = NULL
      WHERE held_at IS NOT NULL AND published_at IS NULL
        AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))";
 
+/// [`RELEASE_HELD`] on SQLite: the aggregates as a JSON array of `[type, id]` pairs in `?1`.
+const SQLITE_RELEASE_HELD: &str = "UPDATE outbox SET held_at = NULL
+     WHERE held_at IS NOT NULL AND published_at IS NULL
+       AND (aggregate_type, aggregate_id) IN (
+           SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?1))";
+
 /// Runs one of this module's updates, written by `sql` for the table's source (`true`: a WAL relay
 /// reads it), with the release of the aggregates it changed in the same transaction: on
-/// PostgreSQL, under the WAL source a release written into the WAL, under polling relays the
-/// rows their claims held behind those events (`held_at`) made claimable again.
+/// PostgreSQL, under the WAL source a release written into the WAL; under polling relays (and on
+/// SQLite) the rows their claims held behind those events (`held_at`) made claimable again.
 async fn execute(
     database_url: &str,
     table: &TableName,
@@ -258,11 +264,24 @@ async fn execute(
             changed.len() as u64
         }
         Connection::Sqlite(conn) => {
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));
+            let mut tx = conn.begin().await?;
+            let sql = format!("{sql} RETURNING aggregate_type, aggregate_id");
+            let mut query =
+                sqlx::query_as::<_, (String, String)>(sqlx::AssertSqlSafe(sql.as_str()));
             for p in &params {
                 query = query.bind(p);
             }
-            query.execute(conn).await?.rows_affected()
+            let changed = query.fetch_all(&mut *tx).await?;
+            if !changed.is_empty() {
+                // Audited: the table's name, checked to be identifiers only; values are bound.
+                let release_held = table.name.rewrite(SQLITE_RELEASE_HELD, '"');
+                sqlx::query(sqlx::AssertSqlSafe(&*release_held))
+                    .bind(serde_json::to_string(&changed).expect("strings serialize"))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            changed.len() as u64
         }
         Connection::MySql(conn) => {
             let mut query = sqlx::query(sqlx::AssertSqlSafe(sql.as_str()));

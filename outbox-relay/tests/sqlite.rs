@@ -110,10 +110,7 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
     let status = String::from_utf8(status.stdout).unwrap();
     assert!(status.contains("backlog:            0 events"), "{status}");
     assert!(status.contains("parked:             1 events"), "{status}");
-    assert!(
-        !status.contains("held"),
-        "SQLite's claim holds no rows: {status}"
-    );
+    assert!(status.contains("held:               0 events"), "{status}");
     let parked = common::relay_command()
         .args(["failed", "list", "--database-url", &url])
         .output()
@@ -122,6 +119,103 @@ async fn the_relay_publishes_a_sqlite_outbox_to_stdout() {
     assert!(
         parked.contains("order:bad") && parked.contains("payload is not valid JSON"),
         "{parked}"
+    );
+}
+
+/// The events the relay prints to stdout, as they come, read on a thread of their own.
+fn events(stdout: std::process::ChildStdout) -> std::sync::mpsc::Receiver<serde_json::Value> {
+    let (sent, events) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if sent.send(serde_json::from_str(&line).unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    events
+}
+
+/// The next `n` events, each within 30 s.
+fn next(events: &std::sync::mpsc::Receiver<serde_json::Value>, n: usize) -> Vec<serde_json::Value> {
+    (0..n)
+        .map(|_| {
+            events
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the relay's next event within 30 s")
+        })
+        .collect()
+}
+
+/// The relay holds the events behind a parked one (the claim walks past them instead of reading
+/// them again at every claim), shows them in `status`, and sends them in order once an operator
+/// skips the parked event.
+#[tokio::test]
+async fn events_behind_a_parked_one_are_held_and_go_out_in_order_once_it_is_skipped() {
+    let url = migrated_database();
+    let db = Database::connect(&url).await.unwrap();
+    use seaorm_outbox::sea_orm::ConnectionTrait;
+    db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES
+         ('0193a000-0000-7000-8000-000000000001', 'order', 'bad', 'OrderPlaced', '{not json'),
+         ('0193a000-0000-7000-8000-000000000002', 'order', 'bad', 'OrderPaid', '{\"n\": 1}'),
+         ('0193a000-0000-7000-8000-000000000003', 'order', 'bad', 'OrderShipped', '{\"n\": 2}'),
+         ('0193a000-0000-7000-8000-000000000004', 'order', 'ok', 'OrderPlaced', '{\"n\": 3}')",
+    )
+    .await
+    .unwrap();
+    let mut relay = common::KillOnDrop::spawn_logged(
+        common::relay_command()
+            .args(["run", "--sink", "stdout", "--database-url", &url])
+            .args(["--poll-interval", "20ms", "--http-addr", "off"])
+            .stdout(Stdio::piped()),
+    );
+    let events = events(relay.stdout.take().unwrap());
+    let first = next(&events, 1);
+    assert_eq!(first[0]["key"], "ok");
+
+    let status = || {
+        let out = common::relay_command()
+            .args(["status", "--database-url", &url])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !status().contains("held:               2 events") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the two events behind the parked one are held: {}",
+            status()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let skip = common::relay_command()
+        .args(["failed", "skip", "--database-url", &url])
+        .args(["--aggregate", "order:bad", "--reason", "resent by hand"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&skip.stdout).contains("1 events skipped"),
+        "{}",
+        String::from_utf8_lossy(&skip.stderr)
+    );
+    let rest = next(&events, 2);
+    let types: Vec<&str> = rest
+        .iter()
+        .map(|e| e["headers"]["event_type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        ["OrderPaid", "OrderShipped"],
+        "in order, after the skip"
+    );
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    assert!(
+        status().contains("held:               0 events"),
+        "{}",
+        status()
     );
 }
 
@@ -175,4 +269,32 @@ async fn a_second_relay_on_the_same_sqlite_file_refuses_to_start() {
     let mut third = run(Stdio::piped());
     wait_running(&mut third);
     assert_eq!(common::terminate(&mut third), Some(0));
+}
+
+/// A SQLite table migrated before schema version 4 lacks the claim's indexes: the relay says so
+/// and what to run.
+#[tokio::test]
+async fn a_relay_on_a_sqlite_table_without_schema_version_4_says_to_migrate() {
+    let url = migrated_database();
+    let db = Database::connect(&url).await.unwrap();
+    use seaorm_outbox::sea_orm::ConnectionTrait;
+    db.execute_unprepared("DROP INDEX outbox_claimable")
+        .await
+        .unwrap();
+    let mut relay = common::KillOnDrop::spawn_logged(
+        common::relay_command()
+            .args(["run", "--sink", "stdout", "--database-url", &url])
+            .args(["--http-addr", "off"]),
+    );
+    let (status, _) = common::wait_for_exit(
+        &mut relay,
+        Duration::from_secs(30),
+        "the relay ran on a table without schema version 4",
+    );
+    let stderr = relay.log();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("needs schema version 4") && stderr.contains("outbox-relay migrate"),
+        "{stderr}"
+    );
 }

@@ -59,10 +59,10 @@ proptest! {
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         runtime.block_on(async {
             let mut conn = SqliteConnection::connect("sqlite::memory:").await.unwrap();
-            let schema = seaorm_outbox::schema::STEPS[0]
-                .up(seaorm_outbox::sea_orm::DbBackend::Sqlite)
-                .unwrap();
-            sqlx::raw_sql(schema).execute(&mut conn).await.unwrap();
+            for step in seaorm_outbox::schema::STEPS {
+                let schema = step.up(seaorm_outbox::sea_orm::DbBackend::Sqlite).unwrap();
+                sqlx::raw_sql(schema).execute(&mut conn).await.unwrap();
+            }
             let mut insert = sqlx::query(
                 "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, \
                  event_version, topic, payload, headers, created_at) \

@@ -26,6 +26,7 @@ use crate::config::{RelayConfig, Wakeup};
 use crate::database::{Backend, connect_postgres};
 use crate::error::SourceError;
 use crate::metrics;
+use crate::row::RowKey;
 use crate::source::interface::Source;
 use crate::tasks::BackgroundTasks;
 use crate::tenants::Outbox;
@@ -56,10 +57,11 @@ pub(crate) struct TableSource {
     mode: Mode,
     hold_parked: bool,
     /// The claimed rows (by id) that had failed before, so blocked their aggregate until now
-    /// (PostgreSQL, whose claim holds the rows behind them): publishing one, or parking it when
-    /// parked aggregates are not held back, releases those rows in the same transaction.
+    /// (where the claim holds the rows behind them: PostgreSQL and SQLite): publishing one, or
+    /// parking it when parked aggregates are not held back, releases those rows in the same
+    /// transaction.
     retried: HashSet<String>,
-    /// When the held rows that nothing blocks any more are next released (PostgreSQL).
+    /// When the held rows that nothing blocks any more are next released (PostgreSQL, SQLite).
     next_release: Instant,
     /// Its metrics' labels: the table, and the tenant if any.
     labels: Vec<(&'static str, String)>,
@@ -85,9 +87,12 @@ impl TableSource {
         let mut table = SessionConfig::of(config, outbox)
             .open(&outbox.table)
             .await?;
-        if let Connection::Postgres(conn) = &mut table.conn
-            && let Some(refusal) = postgres::check_schema(conn, &table.name).await?
-        {
+        let refusal = match &mut table.conn {
+            Connection::Postgres(conn) => postgres::check_schema(conn, &table.name).await?,
+            Connection::Sqlite(conn) => sqlite::check_schema(conn, &table.name).await?,
+            Connection::MySql(_) => None,
+        };
+        if let Some(refusal) = refusal {
             return Err(SourceError::Refused(refusal));
         }
         let leases = Leases::join(&mut table, config.lease_refresh).await?;
@@ -201,16 +206,16 @@ impl TableSource {
     /// The rows of `outcome` whose aggregates' held rows go free with it: the retried rows it
     /// publishes, and the rows it parks when parked aggregates are not held back. Forgets what
     /// `outcome` settles.
-    fn released(&mut self, outcome: &Outcome) -> Vec<uuid::Uuid> {
+    fn released(&mut self, outcome: &Outcome) -> Vec<RowKey> {
         let mut released = Vec::new();
         for key in &outcome.published {
             if self.retried.remove(&key.id) {
-                released.extend(uuid::Uuid::parse_str(&key.id).ok());
+                released.push(key.clone());
             }
         }
         for (key, _) in &outcome.parked {
             if self.retried.remove(&key.id) && !self.hold_parked {
-                released.extend(uuid::Uuid::parse_str(&key.id).ok());
+                released.push(key.clone());
             }
         }
         for (key, _, _) in &outcome.failed {
@@ -367,7 +372,7 @@ impl OutboxTable {
         let batch_bytes = i64::try_from(limits.max_batch_bytes).unwrap_or(i64::MAX);
         match &mut self.conn {
             Connection::Postgres(conn) => {
-                let (rows, full) = read::read_rows(
+                let read = read::read_rows(
                     sqlx::query(on(&self.name, postgres::PG_CLAIM, Backend::Postgres))
                         .bind(shard_mask(shards))
                         .bind(rows)
@@ -379,10 +384,13 @@ impl OutboxTable {
                     limits,
                 )
                 .await?;
-                Ok(Claim { rows, full })
+                Ok(Claim {
+                    rows: read.rows,
+                    full: read.full,
+                })
             }
             Connection::Sqlite(conn) => {
-                let (rows, full) = read::read_rows(
+                let read = read::read_rows(
                     sqlx::query(on(&self.name, sqlite::SQLITE_CLAIM, Backend::Sqlite))
                         .bind(rows)
                         .bind(hold_parked)
@@ -393,10 +401,20 @@ impl OutboxTable {
                     limits,
                 )
                 .await?;
-                Ok(Claim { rows, full })
+                if !read.blocked.is_empty() {
+                    // Held before the next claim, which then walks past them.
+                    sqlx::query(on(&self.name, sqlite::HOLD, Backend::Sqlite))
+                        .bind(serde_json::to_string(&read.blocked).expect("integers serialize"))
+                        .execute(&mut *conn)
+                        .await?;
+                }
+                Ok(Claim {
+                    rows: read.rows,
+                    full: read.full,
+                })
             }
             Connection::MySql(conn) => {
-                let (rows, full) = read::read_rows(
+                let read = read::read_rows(
                     sqlx::raw_sql(sqlx::AssertSqlSafe(mysql::claim_statement(
                         &self.name,
                         hold_parked,
@@ -410,7 +428,10 @@ impl OutboxTable {
                     limits,
                 )
                 .await?;
-                Ok(Claim { rows, full })
+                Ok(Claim {
+                    rows: read.rows,
+                    full: read.full,
+                })
             }
         }
     }
@@ -509,32 +530,39 @@ impl OutboxTable {
         }
     }
 
-    /// Whether the claim holds the rows of the aggregates that wait (PostgreSQL): they must be
-    /// released when their aggregate's blocker goes.
+    /// Whether the claim holds the rows of the aggregates that wait (PostgreSQL and SQLite, not
+    /// MySQL yet): they must be released when their aggregate's blocker goes.
     pub fn holds_rows(&self) -> bool {
-        matches!(self.conn, Connection::Postgres(_))
+        !matches!(self.conn, Connection::MySql(_))
     }
 
     /// Releases the held rows of `shards` that nothing blocks any more, with parked aggregates
-    /// held back if `hold_parked` (PostgreSQL; nothing to do elsewhere).
+    /// held back if `hold_parked` (where the claim holds rows; on SQLite every shard).
     pub async fn release_unblocked(
         &mut self,
         shards: &[i16],
         hold_parked: bool,
     ) -> Result<u64, sqlx::Error> {
-        let Connection::Postgres(conn) = &mut self.conn else {
-            return Ok(0);
+        let released = match &mut self.conn {
+            Connection::Postgres(conn) => sqlx::query(on(
+                &self.name,
+                postgres::RELEASE_UNBLOCKED,
+                Backend::Postgres,
+            ))
+            .bind(shard_mask(shards))
+            .bind(hold_parked)
+            .execute(conn)
+            .await?
+            .rows_affected(),
+            Connection::Sqlite(conn) => {
+                sqlx::query(on(&self.name, sqlite::RELEASE_UNBLOCKED, Backend::Sqlite))
+                    .bind(hold_parked)
+                    .execute(conn)
+                    .await?
+                    .rows_affected()
+            }
+            Connection::MySql(_) => return Ok(0),
         };
-        let released = sqlx::query(on(
-            &self.name,
-            postgres::RELEASE_UNBLOCKED,
-            Backend::Postgres,
-        ))
-        .bind(shard_mask(shards))
-        .bind(hold_parked)
-        .execute(conn)
-        .await?
-        .rows_affected();
         if released > 0 {
             tracing::info!(
                 released,
@@ -620,14 +648,14 @@ pub(crate) fn shard_mask(shards: &[i16]) -> Vec<u8> {
 
 impl OutboxTable {
     /// Records the outcome of a batch, with the release of the rows held behind `released`
-    /// (PostgreSQL): on its own when it is one statement (a batch all published, nearly every
+    /// (where the claim holds rows): on its own when it is one statement (a batch all published, nearly every
     /// batch: a transaction's `BEGIN` and `COMMIT` were two more round trips per batch), else in
     /// one short transaction.
     pub async fn settle(
         &mut self,
         outcome: &Outcome,
         mode: Mode,
-        released: &[uuid::Uuid],
+        released: &[RowKey],
     ) -> Result<(), sqlx::Error> {
         let statements = usize::from(!outcome.published.is_empty())
             + outcome.failed.len()
@@ -647,11 +675,11 @@ impl OutboxTable {
                 tx.commit().await
             }
             Connection::Sqlite(conn) if alone => {
-                sqlite::settle(conn, &self.name, outcome, mode).await
+                sqlite::settle(conn, &self.name, outcome, mode, released).await
             }
             Connection::Sqlite(conn) => {
                 let mut tx = conn.begin().await?;
-                sqlite::settle(&mut tx, &self.name, outcome, mode).await?;
+                sqlite::settle(&mut tx, &self.name, outcome, mode, released).await?;
                 tx.commit().await
             }
             Connection::MySql(conn) if alone => {

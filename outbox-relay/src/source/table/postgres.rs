@@ -3,6 +3,7 @@
 use super::Mode;
 use crate::batch::Outcome;
 use crate::database::Backend;
+use crate::row::RowKey;
 use seaorm_outbox::TableName;
 use sqlx::postgres::PgConnection;
 use uuid::Uuid;
@@ -189,11 +190,15 @@ pub(super) async fn settle(
     table: &TableName,
     outcome: &Outcome,
     mode: Mode,
-    released: &[Uuid],
+    released: &[RowKey],
 ) -> Result<(), sqlx::Error> {
     if !released.is_empty() {
+        let ids: Vec<Uuid> = released
+            .iter()
+            .filter_map(|key| Uuid::parse_str(&key.id).ok())
+            .collect();
         sqlx::query(super::on(table, RELEASE_HELD, Backend::Postgres))
-            .bind(released)
+            .bind(ids)
             .execute(&mut *tx)
             .await?;
     }

@@ -85,12 +85,22 @@ where
     }
 }
 
-/// Reads the claimed rows as they arrive (so each row's raw bytes are freed once read), and
-/// whether the claim stopped at a limit with more rows waiting.
+/// What a claim read: its rows, whether it stopped at a limit with more rows waiting, and the
+/// `seq`s of the blocked rows it met for the relay to hold (where the claim cannot hold them
+/// itself: SQLite).
+pub(super) struct Read {
+    pub rows: Vec<OutboxRow>,
+    pub full: bool,
+    pub blocked: Vec<i64>,
+}
+
+/// Reads the claimed rows as they arrive (so each row's raw bytes are freed once read). A row of
+/// no event (`id` NULL) carries `candidates` when the claim found no event, or the `seq` of a
+/// blocked row.
 pub(super) async fn read_rows<R>(
     mut raw: futures::stream::BoxStream<'_, Result<R, sqlx::Error>>,
     limits: &Limits,
-) -> Result<(Vec<OutboxRow>, bool), sqlx::Error>
+) -> Result<Read, sqlx::Error>
 where
     R: sqlx::Row,
     for<'n> &'n str: sqlx::ColumnIndex<R>,
@@ -100,7 +110,7 @@ where
     for<'r> bool: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     use futures::TryStreamExt;
-    let mut rows = Vec::new();
+    let (mut rows, mut blocked) = (Vec::new(), Vec::new());
     let mut candidates = 0;
     while let Some(row) = raw.try_next().await? {
         if rows.is_empty() {
@@ -111,13 +121,17 @@ where
                 .unwrap_or(0);
         }
         if matches!(row.try_get::<Option<String>, _>("id"), Ok(None)) {
-            // No event: the row that carries `candidates` when the claim only held rows.
+            blocked.extend(row.try_get::<Option<i64>, _>("seq").ok().flatten());
             continue;
         }
         rows.push(OutboxRow::read(&row, limits));
     }
     let full = candidates >= limits.batch_size || (!rows.is_empty() && rows.len() < candidates);
-    Ok((rows, full))
+    Ok(Read {
+        rows,
+        full,
+        blocked,
+    })
 }
 
 /// Whether `text` is one JSON document, checked without building it: where the claim leaves the
