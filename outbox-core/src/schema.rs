@@ -193,7 +193,9 @@ END $$;",
         mysql: include_str!("../sql/mysql/0004_claim_holds.sql"),
         postgres_down: "SELECT 1;",
         sqlite_down: "DROP INDEX IF EXISTS outbox_retrying; DROP INDEX IF EXISTS outbox_claimable;",
-        mysql_down: "DO 0;",
+        mysql_down: "ALTER TABLE outbox DROP KEY outbox_unpublished, \
+                     ADD KEY outbox_unpublished (published_at, seq), \
+                     DROP KEY outbox_waiting, DROP COLUMN waiting_on;",
         inbox_down: "",
     },
 ];

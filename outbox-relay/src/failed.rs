@@ -5,6 +5,7 @@
 //! which records the reason and lets the aggregate's later events go out, in order.
 
 use crate::database::Backend;
+use crate::source::table::mysql::RELEASE_UNBLOCKED as MYSQL_RELEASE_UNBLOCKED;
 use crate::source::table::{Connection, OutboxTable};
 use seaorm_outbox::TableName;
 use sqlx::{Connection as _, FromRow};
@@ -218,7 +219,8 @@ const SQLITE_RELEASE_HELD: &str = "UPDATE outbox SET held_at = NULL
 /// Runs one of this module's updates, written by `sql` for the table's source (`true`: a WAL relay
 /// reads it), with the release of the aggregates it changed in the same transaction: on
 /// PostgreSQL, under the WAL source a release written into the WAL; under polling relays (and on
-/// SQLite) the rows their claims held behind those events (`held_at`) made claimable again.
+/// SQLite and MySQL) the rows their claims held behind those events (`held_at`) made claimable
+/// again.
 async fn execute(
     database_url: &str,
     table: &TableName,
@@ -292,7 +294,20 @@ async fn execute(
             {
                 query = query.bind(p);
             }
-            query.execute(conn).await?.rows_affected()
+            let mut tx = conn.begin().await?;
+            let changed = query.execute(&mut *tx).await?.rows_affected();
+            if changed > 0 {
+                // MySQL returns no changed rows: every held row that nothing blocks any more goes
+                // free, whatever its aggregate (the claim holds a row again while it waits).
+                let release = table.name.rewrite(MYSQL_RELEASE_UNBLOCKED, '`');
+                sqlx::query(sqlx::AssertSqlSafe(&*release))
+                    .bind(true)
+                    .bind(vec![0xffu8; 32])
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            tx.commit().await?;
+            changed
         }
     };
     Ok(rows)

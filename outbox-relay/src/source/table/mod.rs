@@ -12,6 +12,8 @@
 #[cfg(test)]
 mod any_row;
 pub(crate) mod backlog;
+#[cfg(test)]
+mod holding;
 pub(crate) mod leases;
 pub(crate) mod mysql;
 pub(crate) mod partitions;
@@ -56,12 +58,11 @@ pub(crate) struct TableSource {
     wakeups: Option<Arc<Notify>>,
     mode: Mode,
     hold_parked: bool,
-    /// The claimed rows (by id) that had failed before, so blocked their aggregate until now
-    /// (where the claim holds the rows behind them: PostgreSQL and SQLite): publishing one, or
-    /// parking it when parked aggregates are not held back, releases those rows in the same
-    /// transaction.
+    /// The claimed rows (by id) that had failed before, so blocked their aggregate until now, and
+    /// the claim held the rows behind them: publishing one, or parking it when parked aggregates
+    /// are not held back, releases those rows in the same transaction.
     retried: HashSet<String>,
-    /// When the held rows that nothing blocks any more are next released (PostgreSQL, SQLite).
+    /// When the held rows that nothing blocks any more are next released.
     next_release: Instant,
     /// Its metrics' labels: the table, and the tenant if any.
     labels: Vec<(&'static str, String)>,
@@ -90,7 +91,7 @@ impl TableSource {
         let refusal = match &mut table.conn {
             Connection::Postgres(conn) => postgres::check_schema(conn, &table.name).await?,
             Connection::Sqlite(conn) => sqlite::check_schema(conn, &table.name).await?,
-            Connection::MySql(_) => None,
+            Connection::MySql(conn) => mysql::check_schema(conn, &table.name).await?,
         };
         if let Some(refusal) = refusal {
             return Err(SourceError::Refused(refusal));
@@ -141,10 +142,8 @@ impl Source for TableSource {
                 .claim(limits, shards, self.hold_parked, in_flight)
                 .await?;
         }
-        if self.table.holds_rows() {
-            let retried = claim.rows.iter().filter(|row| row.attempts > 0);
-            self.retried.extend(retried.map(|row| row.id.clone()));
-        }
+        let retried = claim.rows.iter().filter(|row| row.attempts > 0);
+        self.retried.extend(retried.map(|row| row.id.clone()));
         Ok(claim)
     }
 
@@ -370,9 +369,9 @@ impl OutboxTable {
         let rows = i64::try_from(limits.batch_size).unwrap_or(i64::MAX);
         let payload_bytes = i64::try_from(limits.max_payload_bytes).unwrap_or(i64::MAX);
         let batch_bytes = i64::try_from(limits.max_batch_bytes).unwrap_or(i64::MAX);
-        match &mut self.conn {
+        let read = match &mut self.conn {
             Connection::Postgres(conn) => {
-                let read = read::read_rows(
+                read::read_rows(
                     sqlx::query(on(&self.name, postgres::PG_CLAIM, Backend::Postgres))
                         .bind(shard_mask(shards))
                         .bind(rows)
@@ -383,14 +382,10 @@ impl OutboxTable {
                         .fetch(&mut *conn),
                     limits,
                 )
-                .await?;
-                Ok(Claim {
-                    rows: read.rows,
-                    full: read.full,
-                })
+                .await?
             }
             Connection::Sqlite(conn) => {
-                let read = read::read_rows(
+                read::read_rows(
                     sqlx::query(on(&self.name, sqlite::SQLITE_CLAIM, Backend::Sqlite))
                         .bind(rows)
                         .bind(hold_parked)
@@ -400,21 +395,10 @@ impl OutboxTable {
                         .fetch(&mut *conn),
                     limits,
                 )
-                .await?;
-                if !read.blocked.is_empty() {
-                    // Held before the next claim, which then walks past them.
-                    sqlx::query(on(&self.name, sqlite::HOLD, Backend::Sqlite))
-                        .bind(serde_json::to_string(&read.blocked).expect("integers serialize"))
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                Ok(Claim {
-                    rows: read.rows,
-                    full: read.full,
-                })
+                .await?
             }
             Connection::MySql(conn) => {
-                let read = read::read_rows(
+                read::read_rows(
                     sqlx::raw_sql(sqlx::AssertSqlSafe(mysql::claim_statement(
                         &self.name,
                         hold_parked,
@@ -427,13 +411,35 @@ impl OutboxTable {
                     .fetch(&mut *conn),
                     limits,
                 )
-                .await?;
-                Ok(Claim {
-                    rows: read.rows,
-                    full: read.full,
-                })
+                .await?
             }
+        };
+        if !read.blocked.is_empty() {
+            self.hold(&read.blocked).await?;
         }
+        Ok(Claim {
+            rows: read.rows,
+            full: read.full,
+        })
+    }
+
+    /// Holds the rows `blocked` (by `seq`) that a claim returned for the relay to hold (SQLite and
+    /// MySQL, whose queries cannot update), before the next claim, which then walks past them.
+    async fn hold(&mut self, blocked: &[i64]) -> Result<(), sqlx::Error> {
+        let seqs = serde_json::to_string(blocked).expect("integers serialize");
+        match &mut self.conn {
+            Connection::Sqlite(conn) => {
+                let hold = sqlx::query(on(&self.name, sqlite::HOLD, Backend::Sqlite));
+                hold.bind(seqs).execute(conn).await?;
+            }
+            Connection::MySql(conn) => {
+                let hold = sqlx::query(on(&self.name, mysql::HOLD, Backend::MySql));
+                hold.bind(seqs).execute(conn).await?;
+            }
+            // Its claim holds them itself.
+            Connection::Postgres(_) => {}
+        }
+        Ok(())
     }
 
     /// Deletes up to `limit` published rows older than `age`, oldest first; returns how many.
@@ -492,7 +498,6 @@ impl OutboxTable {
     /// The backlog (unpublished, not parked), the parked events, the held ones (where the claim
     /// holds rows), and how old the oldest unpublished one is.
     pub async fn backlog(&mut self) -> Result<Backlog, sqlx::Error> {
-        let holds_rows = self.holds_rows();
         let (waiting, parked, held, oldest_seconds): (i64, i64, i64, Option<f64>) =
             match &mut self.conn {
                 Connection::Postgres(conn) => {
@@ -514,7 +519,7 @@ impl OutboxTable {
         Ok(Backlog {
             waiting,
             parked,
-            held: holds_rows.then_some(held),
+            held: Some(held),
             // Infinite timestamps give infinite ages: the longest duration, not a panic.
             oldest_unpublished: oldest_seconds
                 .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)),
@@ -530,14 +535,8 @@ impl OutboxTable {
         }
     }
 
-    /// Whether the claim holds the rows of the aggregates that wait (PostgreSQL and SQLite, not
-    /// MySQL yet): they must be released when their aggregate's blocker goes.
-    pub fn holds_rows(&self) -> bool {
-        !matches!(self.conn, Connection::MySql(_))
-    }
-
     /// Releases the held rows of `shards` that nothing blocks any more, with parked aggregates
-    /// held back if `hold_parked` (where the claim holds rows; on SQLite every shard).
+    /// held back if `hold_parked` (on SQLite, which one relay serves, every shard).
     pub async fn release_unblocked(
         &mut self,
         shards: &[i16],
@@ -561,7 +560,14 @@ impl OutboxTable {
                     .await?
                     .rows_affected()
             }
-            Connection::MySql(_) => return Ok(0),
+            Connection::MySql(conn) => {
+                sqlx::query(on(&self.name, mysql::RELEASE_UNBLOCKED, Backend::MySql))
+                    .bind(hold_parked)
+                    .bind(shard_mask(shards))
+                    .execute(conn)
+                    .await?
+                    .rows_affected()
+            }
         };
         if released > 0 {
             tracing::info!(
@@ -647,8 +653,8 @@ pub(crate) fn shard_mask(shards: &[i16]) -> Vec<u8> {
 }
 
 impl OutboxTable {
-    /// Records the outcome of a batch, with the release of the rows held behind `released`
-    /// (where the claim holds rows): on its own when it is one statement (a batch all published, nearly every
+    /// Records the outcome of a batch, with the release of the rows held behind `released`: on
+    /// its own when it is one statement (a batch all published, nearly every
     /// batch: a transaction's `BEGIN` and `COMMIT` were two more round trips per batch), else in
     /// one short transaction.
     pub async fn settle(
@@ -660,7 +666,7 @@ impl OutboxTable {
         let statements = usize::from(!outcome.published.is_empty())
             + outcome.failed.len()
             + outcome.parked.len()
-            + usize::from(!released.is_empty() && self.holds_rows());
+            + usize::from(!released.is_empty());
         let alone = statements == 1;
         if statements == 0 {
             return Ok(());
@@ -683,11 +689,11 @@ impl OutboxTable {
                 tx.commit().await
             }
             Connection::MySql(conn) if alone => {
-                mysql::settle(conn, &self.name, outcome, mode).await
+                mysql::settle(conn, &self.name, outcome, mode, released).await
             }
             Connection::MySql(conn) => {
                 let mut tx = conn.begin().await?;
-                mysql::settle(&mut tx, &self.name, outcome, mode).await?;
+                mysql::settle(&mut tx, &self.name, outcome, mode, released).await?;
                 tx.commit().await
             }
         }

@@ -1,0 +1,261 @@
+//! The claim holds the rows of the aggregates that wait, and they go free when their blocker
+//! goes, on SQLite and MariaDB (where the relay holds the rows its claim returns as blocked);
+//! PostgreSQL's claim holds them itself (`tests/claim_cost.rs`).
+
+use super::{Connection, OutboxTable};
+use crate::batch::{Limits, Outcome};
+use crate::config::Mode;
+use crate::row::RowKey;
+use seaorm_outbox::TableName;
+
+/// 100 aggregates parked at their first event with 10 more events each, then 200 events of 20
+/// free aggregates, in a migrated database at `url`.
+async fn blocked_table(url: &str) -> OutboxTable {
+    let mut table = OutboxTable::connect(url, &TableName::DEFAULT)
+        .await
+        .unwrap();
+    let (backend, parked_at) = match &table.conn {
+        Connection::Sqlite(_) => (
+            seaorm_outbox::sea_orm::DbBackend::Sqlite,
+            "'2026-01-01T00:00:00.000Z'",
+        ),
+        Connection::MySql(_) => (
+            seaorm_outbox::sea_orm::DbBackend::MySql,
+            "'2026-01-01 00:00:00'",
+        ),
+        Connection::Postgres(_) => unreachable!("PostgreSQL's claim holds rows itself"),
+    };
+    let mut sql: Vec<String> = seaorm_outbox::schema::STEPS
+        .iter()
+        .map(|step| step.up(backend).unwrap().to_owned())
+        .collect();
+    let rows = |prefix: &str, count: usize, aggregates: usize| {
+        let values: Vec<String> = (0..count)
+            .map(|n| {
+                format!(
+                    "('{prefix}{n}', 'order', '{prefix}-{}', 'E', '{{}}')",
+                    n % aggregates
+                )
+            })
+            .collect();
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) VALUES {};",
+            values.join(", ")
+        )
+    };
+    sql.push(rows("blocked", 1_100, 100));
+    sql.push(format!(
+        "UPDATE outbox SET parked_at = {parked_at}, attempts = 1 WHERE seq <= 100;"
+    ));
+    sql.push(rows("free", 200, 20));
+    for statement in sql {
+        execute(&mut table, &statement).await;
+    }
+    table
+}
+
+async fn execute(table: &mut OutboxTable, sql: &str) -> u64 {
+    let query = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()));
+    let done = match &mut table.conn {
+        Connection::Sqlite(conn) => query.execute(conn).await.map(|r| r.rows_affected()),
+        Connection::MySql(conn) => query.execute(conn).await.map(|r| r.rows_affected()),
+        Connection::Postgres(_) => unreachable!(),
+    };
+    done.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+async fn count(table: &mut OutboxTable, sql: &str) -> i64 {
+    let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()));
+    let counted = match &mut table.conn {
+        Connection::Sqlite(conn) => query.fetch_one(conn).await,
+        Connection::MySql(conn) => {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT CAST(({sql}) AS SIGNED)"
+            )))
+            .fetch_one(conn)
+            .await
+        }
+        Connection::Postgres(_) => unreachable!(),
+    };
+    counted.unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+const EVERY_SHARD: [i16; 256] = {
+    let mut shards = [0; 256];
+    let mut n = 0;
+    while n < 256 {
+        shards[n] = n as i16;
+        n += 1;
+    }
+    shards
+};
+
+const LIMITS: Limits = Limits {
+    batch_size: 50,
+    max_batch_bytes: 1 << 20,
+    max_payload_bytes: 1 << 20,
+};
+
+/// The claim walks at most a batch of claimable rows and of due retries; it holds the waiting
+/// rows it meets, so the claims after go past them: each claim costs one batch however many rows
+/// wait.
+async fn the_claim_holds_the_rows_of_blocked_aggregates_and_goes_past_them(url: &str) {
+    let mut table = blocked_table(url).await;
+    // 1,000 waiting rows, held 50 a claim: 20 claims find no event to send.
+    let mut holding = 0;
+    let claim = loop {
+        let claim = table.claim(&LIMITS, &EVERY_SHARD, true, &[]).await.unwrap();
+        if !claim.rows.is_empty() {
+            break claim;
+        }
+        assert!(claim.full, "a claim that only held rows asks for the next");
+        holding += 1;
+        assert!(
+            holding <= 20,
+            "each claim holds a batch of the waiting rows"
+        );
+    };
+    assert_eq!(holding, 20, "each claim holds a batch of the waiting rows");
+    assert_eq!(
+        claim.rows.len(),
+        50,
+        "then a full batch of the free aggregates"
+    );
+    assert!(
+        claim
+            .rows
+            .iter()
+            .all(|r| r.aggregate_id.starts_with("free-")),
+        "only free aggregates are claimed"
+    );
+    let held = "SELECT count(*) FROM outbox WHERE held_at IS NOT NULL";
+    assert_eq!(
+        count(&mut table, held).await,
+        1_000,
+        "every waiting row is held"
+    );
+    let held_free = format!("{held} AND aggregate_id LIKE 'free-%'");
+    assert_eq!(
+        count(&mut table, &held_free).await,
+        0,
+        "no free row is held"
+    );
+    assert_eq!(table.backlog().await.unwrap().held, Some(1_000));
+}
+
+/// A held row goes back to the claim when its aggregate's blocker goes: in the transaction that
+/// publishes a retried blocker, or by the sweep once nothing earlier of its aggregate blocks it.
+async fn held_rows_are_released_when_their_blocker_goes(url: &str) {
+    let mut table = blocked_table(url).await;
+    for _ in 0..20 {
+        table.claim(&LIMITS, &EVERY_SHARD, true, &[]).await.unwrap();
+    }
+    let all_held = "SELECT count(*) FROM outbox WHERE held_at IS NOT NULL";
+    assert_eq!(count(&mut table, all_held).await, 1_000);
+    // blocked-0's parked event, published by the relay after a retry.
+    let blocker = count(
+        &mut table,
+        "SELECT seq FROM outbox WHERE aggregate_id = 'blocked-0' AND parked_at IS NOT NULL",
+    )
+    .await;
+    let key = RowKey {
+        id: "blocked0".to_owned(),
+        seq: blocker,
+        position: blocker,
+    };
+    let outcome = Outcome {
+        published: vec![key.clone()],
+        ..Outcome::default()
+    };
+    table.settle(&outcome, Mode::Mark, &[key]).await.unwrap();
+    let held_of = |aggregate: &str| format!("{all_held} AND aggregate_id = '{aggregate}'");
+    assert_eq!(count(&mut table, &held_of("blocked-0")).await, 0);
+    assert_eq!(count(&mut table, &held_of("blocked-1")).await, 10);
+
+    // blocked-1's parked event skipped outside the relay: the sweep releases its rows. blocked-2's
+    // too, and its sixth held row backs off: the five before it go free, and it too (nothing
+    // earlier blocks it), the four after it stay held.
+    execute(
+        &mut table,
+        "UPDATE outbox SET published_at = created_at
+         WHERE aggregate_id IN ('blocked-1', 'blocked-2') AND parked_at IS NOT NULL",
+    )
+    .await;
+    let sixth = count(
+        &mut table,
+        "SELECT seq FROM outbox WHERE aggregate_id = 'blocked-2' AND held_at IS NOT NULL
+         ORDER BY seq LIMIT 1 OFFSET 5",
+    )
+    .await;
+    let backs_off = format!("UPDATE outbox SET retry_at = created_at WHERE seq = {sixth}");
+    execute(&mut table, &backs_off).await;
+    assert_eq!(
+        table.release_unblocked(&EVERY_SHARD, true).await.unwrap(),
+        16
+    );
+    assert_eq!(count(&mut table, &held_of("blocked-1")).await, 0);
+    assert_eq!(count(&mut table, &held_of("blocked-2")).await, 4);
+    assert_eq!(count(&mut table, all_held).await, 974);
+    // With parked aggregates no longer held back, the sweep releases the rest but those four.
+    assert_eq!(
+        table.release_unblocked(&EVERY_SHARD, false).await.unwrap(),
+        970
+    );
+    assert_eq!(count(&mut table, &held_of("blocked-2")).await, 4);
+}
+
+fn sqlite_url() -> String {
+    let file = outbox_tests::temp_dir().join("holding.db");
+    format!("sqlite://{}?mode=rwc", file.display())
+}
+
+#[tokio::test]
+async fn on_sqlite_the_claim_holds_the_rows_of_blocked_aggregates_and_goes_past_them() {
+    the_claim_holds_the_rows_of_blocked_aggregates_and_goes_past_them(&sqlite_url()).await;
+}
+
+#[tokio::test]
+async fn on_sqlite_held_rows_are_released_when_their_blocker_goes() {
+    held_rows_are_released_when_their_blocker_goes(&sqlite_url()).await;
+}
+
+#[tokio::test]
+async fn on_mariadb_the_claim_holds_the_rows_of_blocked_aggregates_and_goes_past_them() {
+    let url = outbox_tests::mariadb_database_url().await;
+    the_claim_holds_the_rows_of_blocked_aggregates_and_goes_past_them(&url).await;
+}
+
+#[tokio::test]
+async fn on_mariadb_held_rows_are_released_when_their_blocker_goes() {
+    let url = outbox_tests::mariadb_database_url().await;
+    held_rows_are_released_when_their_blocker_goes(&url).await;
+}
+
+/// SQLite's claim walks its partial indexes and probes `outbox_blocked` per row.
+#[tokio::test]
+async fn on_sqlite_the_claim_walks_its_indexes() {
+    use sqlx::Row as _;
+    let mut table = blocked_table(&sqlite_url()).await;
+    let Connection::Sqlite(conn) = &mut table.conn else {
+        unreachable!()
+    };
+    let explain = format!("EXPLAIN QUERY PLAN {}", super::sqlite::SQLITE_CLAIM);
+    let plan = sqlx::query(sqlx::AssertSqlSafe(explain))
+        .bind(50)
+        .bind(true)
+        .bind(1 << 20)
+        .bind(1 << 20)
+        .bind("[]")
+        .fetch_all(conn)
+        .await
+        .unwrap();
+    let plan: Vec<String> = plan.iter().map(|row| row.get("detail")).collect();
+    let plan = plan.join("\n");
+    for index in [
+        "USING INDEX outbox_claimable",
+        "USING INDEX outbox_retrying",
+        "USING INDEX outbox_blocked",
+    ] {
+        assert!(plan.contains(index), "{index}:\n{plan}");
+    }
+}
