@@ -41,7 +41,8 @@ pub(super) const MARIADB_SESSION: &str = "SET SESSION check_constraint_checks = 
 /// rows backing off whose time has come, through `outbox_retrying`. A walked row is *blocked*
 /// while an earlier unpublished row of its aggregate backs off (due or not) or is parked and
 /// parked aggregates are held back: one probe of `outbox_waiting`, whose generated column is NULL
-/// on every row but the waiting ones. A query cannot update here, so the blocked rows come back as
+/// on every row but the waiting ones, skipped altogether while no row waits (the probes cost
+/// about 3 of a claim's 5 ms with 500 rows). A query cannot update here, so the blocked rows come back as
 /// rows of no event (`id` NULL) with their `seq`, and the relay holds them (`HOLD`) before its
 /// next claim, which takes them out of both walks: a claim costs one batch however many rows
 /// wait (`tests/mariadb.rs` checks the plan). `walks` is read once, by window functions:
@@ -51,7 +52,9 @@ pub(super) const MARIADB_SESSION: &str = "SET SESSION check_constraint_checks = 
 /// replica's shard leases make it the only publisher of those rows.
 pub const MYSQL_CLAIM: &str = "
 WITH walked AS (
-    SELECT o.seq, EXISTS (
+    SELECT o.seq, (SELECT EXISTS (SELECT 1 FROM outbox g FORCE INDEX (outbox_waiting)
+                                  WHERE g.waiting_on IS NOT NULL))
+                  AND EXISTS (
                SELECT 1 FROM outbox b FORCE INDEX (outbox_waiting)
                WHERE b.waiting_on = CONCAT(CHAR_LENGTH(o.aggregate_type), ':', o.aggregate_type, o.aggregate_id)
                  AND b.seq < o.seq AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
@@ -65,7 +68,9 @@ WITH walked AS (
     ORDER BY o.seq
     LIMIT ?
 ), due AS (
-    SELECT o.seq, EXISTS (
+    SELECT o.seq, (SELECT EXISTS (SELECT 1 FROM outbox g FORCE INDEX (outbox_waiting)
+                                  WHERE g.waiting_on IS NOT NULL))
+                  AND EXISTS (
                SELECT 1 FROM outbox b FORCE INDEX (outbox_waiting)
                WHERE b.waiting_on = CONCAT(CHAR_LENGTH(o.aggregate_type), ':', o.aggregate_type, o.aggregate_id)
                  AND b.seq < o.seq AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
