@@ -167,13 +167,16 @@ struct Batch {
     payloads: Vec<String>,
 }
 
-/// The oldest unpublished rows through `outbox_unpublished`, skipping the `seq`s in `skip`,
-/// written into one text query as the relay writes its claim (the seqs checked in the index).
+/// The oldest unpublished rows through the all-NULL prefix of `outbox_unpublished` (schema
+/// version 4: the rows not published, parked, held or backing off, in `seq` order), skipping the
+/// `seq`s in `skip`, written into one text query as the relay writes its claim (the seqs checked
+/// in the index).
 async fn claim(conn: &mut MySqlConnection, batch: usize, skip: &[i64]) -> Batch {
     let skip: String = skip.iter().map(|seq| format!(",{seq}")).collect();
     let sql = format!(
         "SELECT seq, aggregate_id, payload FROM outbox FORCE INDEX (outbox_unpublished)
-         WHERE published_at IS NULL AND seq NOT IN (0{skip})
+         WHERE published_at IS NULL AND parked_at IS NULL AND held_at IS NULL
+           AND retry_at IS NULL AND seq NOT IN (0{skip})
          ORDER BY seq LIMIT {batch}"
     );
     let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))

@@ -6,7 +6,7 @@
 //! | `outbox_backlog_events{table}` | gauge | events waiting to be published (not parked) |
 //! | `outbox_oldest_unpublished_age_seconds{table}` | gauge | age of the oldest of them |
 //! | `outbox_parked_events{table}` | gauge | events parked as poison |
-//! | `outbox_held_events{table}` | gauge | of the waiting events, those held behind an earlier event of their aggregate that is parked or backing off (PostgreSQL) |
+//! | `outbox_held_events{table}` | gauge | of the waiting events, those held behind an earlier event of their aggregate that is parked or backing off |
 //! | `outbox_published_total{topic}` | counter | events acked by the broker |
 //! | `outbox_failures_total{kind}` | counter | `transient` and `permanent` publish failures, `database` errors |
 //! | `outbox_batch_size` | histogram | rows claimed per batch |
@@ -138,19 +138,17 @@ pub(crate) fn shards(labels: &[(&'static str, String)], n: usize) {
 }
 
 /// Records a sample of a table's backlog (`outbox-relay status`'s figures); `labels` name the
-/// table (and its tenant). `held` is `None` where the claim holds no rows (SQLite, MySQL).
+/// table (and its tenant).
 pub(crate) fn backlog_sampled(
     labels: &[(&'static str, String)],
     waiting: i64,
     parked: i64,
-    held: Option<i64>,
+    held: i64,
     oldest_unpublished: Option<Duration>,
 ) {
     metrics::gauge!(BACKLOG, labels).set(waiting as f64);
     metrics::gauge!(PARKED, labels).set(parked as f64);
-    if let Some(held) = held {
-        metrics::gauge!(HELD, labels).set(held as f64);
-    }
+    metrics::gauge!(HELD, labels).set(held as f64);
     metrics::gauge!(OLDEST_AGE, labels).set(oldest_unpublished.map_or(0.0, |d| d.as_secs_f64()));
 }
 

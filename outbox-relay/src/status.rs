@@ -14,9 +14,8 @@ pub struct Status {
     /// Events parked as poison, holding back their aggregates.
     pub parked: i64,
     /// Of the events in `backlog`, those held behind an earlier event of their aggregate that is
-    /// parked or backing off: they go out once it is published, retried or skipped. `None` on
-    /// SQLite and MySQL, whose claim holds no rows (the events wait all the same).
-    pub held: Option<i64>,
+    /// parked or backing off: they go out once it is published, retried or skipped.
+    pub held: i64,
     /// Age of the oldest event waiting to be published.
     pub oldest_unpublished: Option<Duration>,
     /// The WAL source's replication slots (PostgreSQL, when the outbox table is published for
@@ -96,7 +95,7 @@ impl std::fmt::Display for Status {
             return write!(
                 f,
                 "held:               {} events (behind a parked event of their aggregate, or handed to a new slot)",
-                self.held.unwrap_or(0)
+                self.held
             );
         }
         writeln!(f, "backlog:            {} events", self.backlog)?;
@@ -114,13 +113,12 @@ impl std::fmt::Display for Status {
             None => writeln!(f, "oldest unpublished: none")?,
         }
         write!(f, "parked:             {} events", self.parked)?;
-        if let Some(held) = self.held {
-            write!(
-                f,
-                "\nheld:               {held} events (behind a parked or backing-off event of \
-                 their aggregate)"
-            )?;
-        }
+        write!(
+            f,
+            "\nheld:               {} events (behind a parked or backing-off event of their \
+             aggregate)",
+            self.held
+        )?;
         if let Some(partitions) = &self.partitions {
             write!(f, "\n{partitions}")?;
         }

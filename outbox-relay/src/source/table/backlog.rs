@@ -14,8 +14,8 @@ pub(crate) struct Backlog {
     /// Events parked as poison.
     pub parked: i64,
     /// Of the waiting events, those the claim holds behind an earlier event of their aggregate
-    /// that is parked or backing off (PostgreSQL; `None` where the claim holds no rows).
-    pub held: Option<i64>,
+    /// that is parked or backing off.
+    pub held: i64,
     /// How old the oldest waiting event is.
     pub oldest_unpublished: Option<Duration>,
 }

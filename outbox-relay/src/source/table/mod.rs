@@ -519,7 +519,7 @@ impl OutboxTable {
         Ok(Backlog {
             waiting,
             parked,
-            held: Some(held),
+            held,
             // Infinite timestamps give infinite ages: the longest duration, not a panic.
             oldest_unpublished: oldest_seconds
                 .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::MAX)),
