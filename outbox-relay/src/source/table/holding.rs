@@ -259,3 +259,52 @@ async fn on_sqlite_the_claim_walks_its_indexes() {
         assert!(plan.contains(index), "{index}:\n{plan}");
     }
 }
+
+/// MariaDB's releases read indexes, not the table: the sweep a range of `outbox_unpublished` (the
+/// held rows), the settle's release `outbox_waiting` by aggregate; even with statistics taken
+/// while no row waited, by which the table looked cheaper to read whole.
+#[tokio::test]
+async fn on_mariadb_the_releases_read_indexes_not_the_table() {
+    use sqlx::Row as _;
+    let url = outbox_tests::mariadb_database_url().await;
+    let mut table = blocked_table(&url).await;
+    execute(&mut table, "UPDATE outbox SET parked_at = NULL").await;
+    let digits = "(SELECT 0 AS n UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                  UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let more = format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT UUID(), 'order', CONCAT('more-', a.n), 'E', '{{}}'
+         FROM {digits} a, {digits} b, {digits} c, {digits} d, {digits} e"
+    );
+    execute(&mut table, &more).await;
+    execute(&mut table, "ANALYZE TABLE outbox").await;
+    let Connection::MySql(conn) = &mut table.conn else {
+        unreachable!()
+    };
+    let sweep = format!("EXPLAIN {}", super::mysql::RELEASE_UNBLOCKED);
+    let sweep = sqlx::query(sqlx::AssertSqlSafe(sweep))
+        .bind(true)
+        .bind(vec![0xffu8; 32])
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    let release = format!("EXPLAIN {}", super::mysql::RELEASE_HELD);
+    let release = sqlx::query(sqlx::AssertSqlSafe(release))
+        .bind("[1, 2, 3]")
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    for (plan, index) in [(sweep, "outbox_unpublished"), (release, "outbox_waiting")] {
+        let plan: Vec<(Option<String>, Option<String>, Option<String>)> = plan
+            .iter()
+            .map(|r| (r.get("table"), r.get("type"), r.get("key")))
+            .collect();
+        let updated = plan
+            .iter()
+            .find(|(table, _, _)| table.as_deref() == Some("o"))
+            .unwrap_or_else(|| panic!("{plan:?}"));
+        assert_eq!(updated.2.as_deref(), Some(index), "{plan:?}");
+        assert_ne!(updated.1.as_deref(), Some("ALL"), "{plan:?}");
+    }
+}

@@ -200,11 +200,12 @@ SET o.held_at = UTC_TIMESTAMP(6)
 WHERE o.held_at IS NULL AND o.published_at IS NULL";
 
 /// Releases the rows held behind the rows `?` (their `seq`s, a JSON array): every held row of
-/// their aggregates, found through `outbox_waiting`. The aggregates are a derived table with
+/// their aggregates, found through `outbox_waiting` (forced: without it MariaDB read the whole
+/// table, its statistics made while nothing was held). The aggregates are a derived table with
 /// `DISTINCT`, which MySQL materializes: it refuses to read the table an `UPDATE` changes
 /// through a subquery.
-const RELEASE_HELD: &str = "
-UPDATE outbox o
+pub(super) const RELEASE_HELD: &str = "
+UPDATE outbox o FORCE INDEX (outbox_waiting)
 JOIN (SELECT DISTINCT CONCAT(CHAR_LENGTH(r.aggregate_type), ':', r.aggregate_type, r.aggregate_id)
           AS waiting_on
       FROM outbox r JOIN JSON_TABLE(?, '$[*]' COLUMNS (seq BIGINT PATH '$')) AS p ON r.seq = p.seq
@@ -214,15 +215,17 @@ WHERE o.held_at IS NOT NULL AND o.published_at IS NULL";
 
 /// Releases the held rows of the shards in the mask `?` (as the claim's) that nothing blocks any
 /// more, with parked aggregates held back if `?`: as PostgreSQL's `RELEASE_UNBLOCKED`, the
-/// first blocker of each waiting aggregate from `outbox_waiting`.
+/// first blocker of each waiting aggregate from `outbox_waiting`, the held rows from a range of
+/// `outbox_unpublished` (a held row is never parked): its cost follows the held rows, not the
+/// table, which it read whole without that range.
 pub(crate) const RELEASE_UNBLOCKED: &str = "
-UPDATE outbox o
+UPDATE outbox o FORCE INDEX (outbox_unpublished)
 LEFT JOIN (SELECT b.waiting_on, MIN(b.seq) AS first_seq FROM outbox b FORCE INDEX (outbox_waiting)
            WHERE b.waiting_on IS NOT NULL AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
              AND (? OR b.parked_at IS NULL)
            GROUP BY b.waiting_on) k ON k.waiting_on = o.waiting_on
 SET o.held_at = NULL
-WHERE o.held_at IS NOT NULL AND o.published_at IS NULL
+WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.held_at IS NOT NULL
   AND (ASCII(SUBSTRING(?, (o.shard DIV 8) + 1, 1)) >> (o.shard % 8)) & 1 = 1
   AND (k.first_seq IS NULL OR k.first_seq >= o.seq)";
 
