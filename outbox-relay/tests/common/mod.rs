@@ -337,6 +337,23 @@ pub fn wait_for_exit(
     (status, stderr)
 }
 
+/// Checks that `relay`, started on a table short of schema `version`, stops at once with exit
+/// code 1 and a line that names the version and says to run `outbox-relay migrate`.
+pub fn assert_refused_until_migrated(relay: &mut KillOnDrop, version: u32) {
+    let (status, _) = wait_for_exit(
+        relay,
+        Duration::from_secs(30),
+        &format!("the relay ran on a table without schema version {version}"),
+    );
+    let stderr = relay.log();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("needs schema version {version}"))
+            && stderr.contains("outbox-relay migrate"),
+        "{stderr}"
+    );
+}
+
 /// The check every crash-and-restart test makes of what a consumer received: every expected
 /// event arrived, and each key's *first* deliveries came in the order the events were recorded
 /// (re-sends after a crash may repeat events, never reorder first arrivals). `received` is
