@@ -34,6 +34,25 @@ async fn insert(w: &WalFixture, meter: &str, n: u64, headers: &str) {
         .unwrap();
 }
 
+/// Each row's seq, aggregate and state (parked, held, published), for a failure's message.
+async fn rows_state(w: &WalFixture) -> String {
+    let rows =
+        w.f.db
+            .query_all_raw(Statement::from_string(
+                DbBackend::Postgres,
+                "SELECT seq || ' ' || aggregate_id || ' parked=' || (parked_at IS NOT NULL)
+                        || ' held=' || (held_at IS NOT NULL)
+                        || ' published=' || (published_at IS NOT NULL)
+                 FROM outbox ORDER BY seq",
+            ))
+            .await
+            .unwrap();
+    rows.iter()
+        .map(|r| r.try_get_by_index::<String>(0).unwrap())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The WAITING column of `failed list` for the parked event of `meter`.
 fn waiting_behind(list: &str, meter: &str) -> String {
     let line = list
@@ -262,7 +281,12 @@ async fn a_poison_row_is_parked_and_retried_in_order() {
     w.wait_until_confirmed(Duration::from_secs(30)).await;
     let list = w.failed(&["list"]);
     assert!(list.contains("headers must be a JSON object"), "{list}");
-    assert_eq!(waiting_behind(&list, "m-bad"), "1", "{list}");
+    assert_eq!(
+        waiting_behind(&list, "m-bad"),
+        "1",
+        "{list}\nrows: {}",
+        rows_state(&w).await
+    );
     assert_eq!(list.lines().count(), 2, "one parked event: {list}");
 
     // Fix the row, retry: both go out, in their order.
