@@ -288,3 +288,46 @@ async fn a_row_behind_a_due_retry_is_held_even_while_the_retry_is_in_flight() {
     // Not in flight: the due retry alone is claimed.
     assert_eq!(claimed_behind("'{}'::int8[]").await, [first]);
 }
+
+/// A row held past its blocker (an operator's `failed skip` committed while a claim held rows
+/// behind the event it skipped) still holds its aggregate: a later event of it is held too, never
+/// claimed ahead of it, until the sweep releases both; then they go out in order.
+#[tokio::test]
+async fn a_row_held_past_its_blocker_holds_its_aggregates_later_rows() {
+    let f = Fixture::new().await;
+    f.db.execute_unprepared(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT gen_random_uuid(), 'order', v.aggregate, 'E', jsonb_build_object('n', v.n)
+         FROM (VALUES (1, 'a'), (2, 'a'), (3, 'a'), (4, 'b')) AS v(n, aggregate) ORDER BY v.n;
+         -- The first skipped, the second held behind it by a claim that read it still parked.
+         UPDATE outbox SET published_at = now() WHERE payload->>'n' = '1';
+         UPDATE outbox SET held_at = now() WHERE payload->>'n' = '2';",
+    )
+    .await
+    .unwrap();
+    let claimed_n = || async {
+        claimed::<String>(&f.db, &common::claim_sql(10), "payload")
+            .await
+            .iter()
+            .map(|payload| {
+                let payload: serde_json::Value = serde_json::from_str(payload).unwrap();
+                payload["n"].as_i64().unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(claimed_n().await, [4]);
+    assert_eq!(
+        f.scalar(
+            "SELECT count(*) FROM outbox WHERE held_at IS NOT NULL AND payload->>'n' IN ('2', '3')"
+        )
+        .await,
+        2,
+        "the third event is held behind the second"
+    );
+    // The sweep's release, which finds nothing blocking either; nothing was settled, so the
+    // fourth event is claimed again.
+    f.db.execute_unprepared("UPDATE outbox SET held_at = NULL")
+        .await
+        .unwrap();
+    assert_eq!(claimed_n().await, [2, 3, 4]);
+}

@@ -8,13 +8,12 @@ use crate::config::Mode;
 use crate::row::RowKey;
 use seaorm_outbox::TableName;
 
-/// 100 aggregates parked at their first event with 10 more events each, then 200 events of 20
-/// free aggregates, in a migrated database at `url`.
-async fn blocked_table(url: &str) -> OutboxTable {
+/// The outbox table of a migrated database at `url`, and a timestamp literal of its backend.
+async fn migrated(url: &str) -> (OutboxTable, &'static str) {
     let mut table = OutboxTable::connect(url, &TableName::DEFAULT)
         .await
         .unwrap();
-    let (backend, parked_at) = match &table.conn {
+    let (backend, timestamp) = match &table.conn {
         Connection::Sqlite(_) => (
             seaorm_outbox::sea_orm::DbBackend::Sqlite,
             "'2026-01-01T00:00:00.000Z'",
@@ -25,10 +24,17 @@ async fn blocked_table(url: &str) -> OutboxTable {
         ),
         Connection::Postgres(_) => unreachable!("PostgreSQL's claim holds rows itself"),
     };
-    let mut sql: Vec<String> = seaorm_outbox::schema::STEPS
-        .iter()
-        .map(|step| step.up(backend).unwrap().to_owned())
-        .collect();
+    for step in seaorm_outbox::schema::STEPS {
+        execute(&mut table, step.up(backend).unwrap()).await;
+    }
+    (table, timestamp)
+}
+
+/// 100 aggregates parked at their first event with 10 more events each, then 200 events of 20
+/// free aggregates, in a migrated database at `url`.
+async fn blocked_table(url: &str) -> OutboxTable {
+    let (mut table, parked_at) = migrated(url).await;
+    let mut sql = Vec::new();
     let rows = |prefix: &str, count: usize, aggregates: usize| {
         let values: Vec<String> = (0..count)
             .map(|n| {
@@ -204,6 +210,44 @@ async fn held_rows_are_released_when_their_blocker_goes(url: &str) {
     assert_eq!(count(&mut table, &held_of("blocked-2")).await, 4);
 }
 
+/// A row held past its blocker (an operator's `failed skip` committed while a claim held rows
+/// behind the event it skipped) still holds its aggregate: a later event of it is held too, never
+/// claimed ahead of it, until the sweep releases both; then they go out in order.
+async fn a_row_held_past_its_blocker_holds_its_aggregates_later_rows(url: &str) {
+    let (mut table, now) = migrated(url).await;
+    execute(
+        &mut table,
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('a1', 'order', 'a', 'E', '{}'), ('a2', 'order', 'a', 'E', '{}'),
+                ('a3', 'order', 'a', 'E', '{}'), ('b1', 'order', 'b', 'E', '{}')",
+    )
+    .await;
+    // a1 skipped, a2 held behind it by a claim that read a1 still parked.
+    execute(
+        &mut table,
+        &format!("UPDATE outbox SET published_at = {now} WHERE id = 'a1'"),
+    )
+    .await;
+    execute(
+        &mut table,
+        &format!("UPDATE outbox SET held_at = {now} WHERE id = 'a2'"),
+    )
+    .await;
+    async fn claimed_ids(table: &mut OutboxTable) -> Vec<String> {
+        let claim = table.claim(&LIMITS, &EVERY_SHARD, true, &[]).await.unwrap();
+        claim.rows.into_iter().map(|r| r.id).collect()
+    }
+    assert_eq!(claimed_ids(&mut table).await, ["b1"]);
+    let held = "SELECT count(*) FROM outbox WHERE held_at IS NOT NULL AND id IN ('a2', 'a3')";
+    assert_eq!(count(&mut table, held).await, 2, "a3 is held behind a2");
+    assert_eq!(
+        table.release_unblocked(&EVERY_SHARD, true).await.unwrap(),
+        2
+    );
+    // Nothing was settled: b1 is claimed again.
+    assert_eq!(claimed_ids(&mut table).await, ["a2", "a3", "b1"]);
+}
+
 fn sqlite_url() -> String {
     let file = outbox_tests::temp_dir().join("holding.db");
     format!("sqlite://{}?mode=rwc", file.display())
@@ -217,6 +261,17 @@ async fn on_sqlite_the_claim_holds_the_rows_of_blocked_aggregates_and_goes_past_
 #[tokio::test]
 async fn on_sqlite_held_rows_are_released_when_their_blocker_goes() {
     held_rows_are_released_when_their_blocker_goes(&sqlite_url()).await;
+}
+
+#[tokio::test]
+async fn on_sqlite_a_row_held_past_its_blocker_holds_its_aggregates_later_rows() {
+    a_row_held_past_its_blocker_holds_its_aggregates_later_rows(&sqlite_url()).await;
+}
+
+#[tokio::test]
+async fn on_mariadb_a_row_held_past_its_blocker_holds_its_aggregates_later_rows() {
+    let url = outbox_tests::mariadb_database_url().await;
+    a_row_held_past_its_blocker_holds_its_aggregates_later_rows(&url).await;
 }
 
 #[tokio::test]

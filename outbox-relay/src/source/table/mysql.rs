@@ -39,9 +39,10 @@ pub(super) const MARIADB_SESSION: &str = "SET SESSION check_constraint_checks = 
 /// It reads two short walks, as PostgreSQL's does: `walked`, the first rows of the NULL prefix of
 /// `outbox_unpublished` (not published, parked, held or backing off) in `seq` order, and `due`, the
 /// rows backing off whose time has come, through `outbox_retrying`. A walked row is *blocked*
-/// while an earlier unpublished row of its aggregate backs off (due or not) or is parked and
-/// parked aggregates are held back: one probe of `outbox_waiting`, whose generated column is NULL
-/// on every row but the waiting ones, skipped altogether while no row waits (the probes cost
+/// while an earlier unpublished row of its aggregate backs off (due or not), is parked and
+/// parked aggregates are held back, or is held (a hold that outlived its blocker, as on
+/// PostgreSQL): one probe of `outbox_waiting`, whose generated column is NULL on every row but
+/// the waiting ones, skipped altogether while no row waits (the probes cost
 /// about 3 of a claim's 5 ms with 500 rows). A query cannot update here, so the blocked rows come back as
 /// rows of no event (`id` NULL) with their `seq`, and the relay holds them (`HOLD`) before its
 /// next claim, which takes them out of both walks: a claim costs one batch however many rows
@@ -57,8 +58,9 @@ WITH walked AS (
                   AND EXISTS (
                SELECT 1 FROM outbox b FORCE INDEX (outbox_waiting)
                WHERE b.waiting_on = CONCAT(CHAR_LENGTH(o.aggregate_type), ':', o.aggregate_type, o.aggregate_id)
-                 AND b.seq < o.seq AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
-                 AND (? OR b.parked_at IS NULL)
+                 AND b.seq < o.seq
+                 AND (b.held_at IS NOT NULL
+                      OR (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL) AND (? OR b.parked_at IS NULL))
            ) AS blocked
     FROM outbox o FORCE INDEX (outbox_unpublished)
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.held_at IS NULL
@@ -73,8 +75,9 @@ WITH walked AS (
                   AND EXISTS (
                SELECT 1 FROM outbox b FORCE INDEX (outbox_waiting)
                WHERE b.waiting_on = CONCAT(CHAR_LENGTH(o.aggregate_type), ':', o.aggregate_type, o.aggregate_id)
-                 AND b.seq < o.seq AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
-                 AND (? OR b.parked_at IS NULL)
+                 AND b.seq < o.seq
+                 AND (b.held_at IS NOT NULL
+                      OR (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL) AND (? OR b.parked_at IS NULL))
            ) AS blocked
     FROM outbox o FORCE INDEX (outbox_retrying)
     WHERE o.retry_at <= UTC_TIMESTAMP(6) AND o.published_at IS NULL AND o.parked_at IS NULL

@@ -45,9 +45,12 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET enable_seqscan = off; \
 /// - `due`: at most `$2` rows backing off whose time has come, through `outbox_retrying`.
 ///
 /// A walked row is *blocked* while an earlier row of its aggregate is unpublished and backing
-/// off (due or not: a due one may be in flight), or parked and `$3` holds back parked aggregates:
-/// one probe of the small `outbox_blocked` index per row, skipped altogether (`gate`) while no
-/// row of the table blocks anything. The blocked rows are *held* (`held_at` set) in the same
+/// off (due or not: a due one may be in flight), or parked and `$3` holds back parked aggregates,
+/// or held: one probe of the small `outbox_blocked` index per row, and one of `outbox_held`,
+/// skipped altogether (`gate`) while no row of the table blocks anything or is held. A hold can
+/// outlive its blocker (an operator's `failed skip` that commits while a claim holds rows behind
+/// the event it skips, after the command's release ran): until `RELEASE_UNBLOCKED` releases it,
+/// the aggregate's later rows are held behind it, never sent ahead of it. The blocked rows are *held* (`held_at` set) in the same
 /// statement, which takes them out of both walks: the next claim goes past them, so a claim costs
 /// one batch however many aggregates wait and however many rows they have (docs/BENCHMARKS.md,
 /// "Blocked aggregates"). A held row is released (`held_at` back to NULL) in the transaction that
@@ -69,7 +72,9 @@ pub const PG_CLAIM: &str = "
 WITH gate AS MATERIALIZED (
     SELECT EXISTS (SELECT 1 FROM outbox a
                    WHERE (a.parked_at IS NOT NULL OR a.retry_at IS NOT NULL)
-                     AND a.published_at IS NULL) AS blocking
+                     AND a.published_at IS NULL)
+           OR EXISTS (SELECT 1 FROM outbox a WHERE a.held_at IS NOT NULL AND a.published_at IS NULL)
+           AS blocking
 ), walked AS MATERIALIZED (
     SELECT o.id, o.seq, o.aggregate_type, o.aggregate_id, o.event_type, o.event_version,
            o.topic, o.headers::text AS headers, o.attempts, o.created_at,
@@ -78,12 +83,16 @@ WITH gate AS MATERIALIZED (
            t.blocked
     FROM outbox o
     CROSS JOIN LATERAL (
-        SELECT o.payload::text AS payload, (SELECT g.blocking FROM gate g) AND EXISTS (
+        SELECT o.payload::text AS payload, (SELECT g.blocking FROM gate g) AND (EXISTS (
                 SELECT 1 FROM outbox b
                 WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
                   AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
                   AND b.published_at IS NULL AND b.seq < o.seq AND ($3 OR b.parked_at IS NULL)
-             ) AS blocked
+             ) OR EXISTS (
+                SELECT 1 FROM outbox h
+                WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
+                  AND h.held_at IS NOT NULL AND h.published_at IS NULL AND h.seq < o.seq
+             )) AS blocked
         OFFSET 0) t
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.held_at IS NULL
       AND o.retry_at IS NULL AND get_bit($1, o.shard) = 1
@@ -103,6 +112,10 @@ WITH gate AS MATERIALIZED (
                 WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
                   AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
                   AND b.published_at IS NULL AND b.seq < o.seq AND ($3 OR b.parked_at IS NULL)
+             ) OR EXISTS (
+                SELECT 1 FROM outbox h
+                WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
+                  AND h.held_at IS NOT NULL AND h.published_at IS NULL AND h.seq < o.seq
              ) AS blocked
         OFFSET 0) t
     WHERE o.retry_at <= now() AND o.published_at IS NULL AND o.parked_at IS NULL
@@ -257,8 +270,10 @@ WHERE r.id = ANY($1) AND o.aggregate_type = r.aggregate_type AND o.aggregate_id 
 /// Releases the held rows of the shards in `$1` that nothing blocks any more, with parked
 /// aggregates held back if `$2`: the safety net behind the releases made where a blocker goes (an
 /// operator's `failed skip` committed while a claim held rows behind the event it skipped), and
-/// what a relay started with `--skip-parked` releases of the rows held behind parked events. Its
-/// cost is one probe per held row.
+/// what a relay started with `--skip-parked` releases of the rows held behind parked events. A
+/// held row blocks the claim, not this release: an aggregate's rows held behind a blocker that
+/// went are released together, and the claim takes them in `seq` order. Its cost is one probe
+/// per held row.
 pub(super) const RELEASE_UNBLOCKED: &str = "
 UPDATE outbox o SET held_at = NULL
 WHERE o.held_at IS NOT NULL AND o.published_at IS NULL AND get_bit($1, o.shard) = 1

@@ -14,8 +14,9 @@ use sqlx::sqlite::SqliteConnection;
 ///
 /// It reads two short walks: `walked`, the first `?1` rows of `outbox_claimable` in `seq` order,
 /// and `due`, at most `?1` rows backing off whose time has come, through `outbox_retrying`. A walked
-/// row is *blocked* while an earlier unpublished row of its aggregate backs off (due or not) or is
-/// parked and `?2` holds parked aggregates back: one probe of `outbox_blocked`. SQLite cannot
+/// row is *blocked* while an earlier unpublished row of its aggregate backs off (due or not), is
+/// parked and `?2` holds parked aggregates back, or is held (a hold that outlived its blocker, as
+/// on PostgreSQL): one probe of `outbox_blocked` and one of `outbox_held`. SQLite cannot
 /// update in a query, so the blocked rows come back as rows of no event (`id` NULL) with their
 /// `seq`, and the relay holds them (`HOLD`) before its next claim, which takes them out of both
 /// walks: a claim costs one batch however many rows wait. `candidates` counts the rows walked.
@@ -26,6 +27,10 @@ WITH walked AS MATERIALIZED (
                WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
                  AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
                  AND b.published_at IS NULL AND b.seq < o.seq AND (?2 OR b.parked_at IS NULL)
+           ) OR EXISTS (
+               SELECT 1 FROM outbox h
+               WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
+                 AND h.held_at IS NOT NULL AND h.published_at IS NULL AND h.seq < o.seq
            ) AS blocked
     FROM outbox o
     WHERE o.published_at IS NULL AND o.parked_at IS NULL AND o.held_at IS NULL
@@ -38,6 +43,10 @@ WITH walked AS MATERIALIZED (
                WHERE b.aggregate_type = o.aggregate_type AND b.aggregate_id = o.aggregate_id
                  AND (b.parked_at IS NOT NULL OR b.retry_at IS NOT NULL)
                  AND b.published_at IS NULL AND b.seq < o.seq AND (?2 OR b.parked_at IS NULL)
+           ) OR EXISTS (
+               SELECT 1 FROM outbox h
+               WHERE h.aggregate_type = o.aggregate_type AND h.aggregate_id = o.aggregate_id
+                 AND h.held_at IS NOT NULL AND h.published_at IS NULL AND h.seq < o.seq
            ) AS blocked
     FROM outbox o
     WHERE o.retry_at IS NOT NULL AND o.retry_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')
