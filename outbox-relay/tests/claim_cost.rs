@@ -239,8 +239,11 @@ async fn the_claim_holds_the_rows_of_blocked_aggregates_and_goes_past_them() {
         "the batch in flight is a hash lookup on the walk of outbox_claimable:\n{plan}"
     );
     assert!(
-        plan.contains("Index Scan using outbox_blocked") && !plan.contains("Anti Join"),
-        "each walked row's aggregate is one probe of outbox_blocked, not a join:\n{plan}"
+        plan.contains("Index Scan using outbox_blocked")
+            && plan.contains("Index Scan using outbox_held")
+            && !plan.contains("Anti Join"),
+        "each walked row's aggregate is one probe of outbox_blocked and one of outbox_held, \
+         not a join:\n{plan}"
     );
 }
 

@@ -286,7 +286,7 @@ async fn on_mariadb_held_rows_are_released_when_their_blocker_goes() {
     held_rows_are_released_when_their_blocker_goes(&url).await;
 }
 
-/// SQLite's claim walks its partial indexes and probes `outbox_blocked` per row.
+/// SQLite's claim walks its partial indexes and probes `outbox_blocked` and `outbox_held` per row.
 #[tokio::test]
 async fn on_sqlite_the_claim_walks_its_indexes() {
     use sqlx::Row as _;
@@ -310,6 +310,7 @@ async fn on_sqlite_the_claim_walks_its_indexes() {
         "USING INDEX outbox_claimable",
         "USING INDEX outbox_retrying",
         "USING INDEX outbox_blocked",
+        "USING INDEX outbox_held",
     ] {
         assert!(plan.contains(index), "{index}:\n{plan}");
     }
