@@ -522,7 +522,12 @@ async fn failed_skip_skips_exactly_what_it_names_and_releases_the_rest_in_order(
     let skipped = w.failed(&["skip", "--all", "--reason", "bad headers"]);
     assert!(skipped.contains("1 events skipped"), "{skipped}");
     let received = consume(&[&topic], 7, Duration::from_secs(60)).await;
-    assert_eq!(readings_of(&received, "m-c"), [1, 2]);
+    assert_eq!(
+        readings_of(&received, "m-c"),
+        [1, 2],
+        "{received:?}\nrows: {}",
+        rows_state(&w).await
+    );
     assert_eq!(received.len(), 7, "{received:?}");
     assert_eq!(
         w.f.scalar("SELECT count(*) FROM outbox WHERE last_error LIKE 'skipped by an operator: bad headers'")
