@@ -50,10 +50,10 @@ pub const PG_SESSION: &str = "SET enable_sort = off; SET enable_seqscan = off; \
 /// skipped altogether (`gate`) while no row of the table blocks anything or is held. A hold can
 /// outlive its blocker (an operator's `failed skip` that commits while a claim holds rows behind
 /// the event it skips, after the command's release ran): until `RELEASE_UNBLOCKED` releases it,
-/// the aggregate's later rows are held behind it, never sent ahead of it. The blocked rows are *held* (`held_at` set) in the same
-/// statement, which takes them out of both walks: the next claim goes past them, so a claim costs
-/// one batch however many aggregates wait and however many rows they have (docs/BENCHMARKS.md,
-/// "Blocked aggregates"). A held row is released (`held_at` back to NULL) in the transaction that
+/// the aggregate's later rows are held behind it, never sent ahead of it. The blocked rows are
+/// *held* (`held_at` set) in the same statement, which takes them out of both walks: the next
+/// claim goes past them, so a claim costs one batch however many aggregates wait and however many
+/// rows they have (docs/BENCHMARKS.md, "Blocked aggregates"). A held row is released (`held_at` back to NULL) in the transaction that
 /// removes its aggregate's blocker (the settle's release, `failed retry|skip`), or by
 /// `RELEASE_UNBLOCKED` now and then; releasing is always safe, as the claim holds a row again
 /// while its aggregate still waits. A due row and a walked row never share an aggregate (the due
