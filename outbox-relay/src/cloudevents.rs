@@ -27,7 +27,7 @@
 //! assert_eq!(message.header("event_type"), None, "the contract's header gives way");
 //! ```
 
-use crate::sink::Message;
+use crate::message::Message;
 
 /// The CloudEvents format of the relay's messages.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,7 +15,7 @@ pub(crate) fn backoff(max: Duration) -> impl Iterator<Item = Duration> + Send + 
         .build()
 }
 
-/// How a [`Relay`](crate::Relay) runs. Start from [`RelayConfig::new`] and change what you need.
+/// How a [`Relay`](crate::relay::Relay) runs. Start from [`RelayConfig::new`] and change what you need.
 ///
 /// ```
 /// use seaorm_outbox_relay::{Mode, RelayConfig};
@@ -54,8 +54,8 @@ pub struct RelayConfig {
     /// [`tables`](Self::tables) in each tenant's database instead of in `database_url`, one pump
     /// for each, so a tenant whose database fails holds only its own pumps. Their metrics carry a
     /// `tenant` label. `database_url` stays the relay's own database (readiness checks it).
-    /// [`Tenants::None`](crate::Tenants::None) by default; polling source only.
-    pub tenants: crate::Tenants,
+    /// [`Tenants::None`](crate::tenants::Tenants::None) by default; polling source only.
+    pub tenants: crate::tenants::Tenants,
     /// How often a tenants file is read again. Default 5 s.
     pub tenants_reread: Duration,
     /// Rows claimed and published per batch. Default 500.
@@ -163,7 +163,7 @@ impl RelayConfig {
             max_backoff: Duration::from_secs(30),
             skip_parked: false,
             tables: vec![seaorm_outbox::TableName::DEFAULT],
-            tenants: crate::Tenants::None,
+            tenants: crate::tenants::Tenants::None,
             tenants_reread: Duration::from_secs(5),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             prune_interval: Duration::from_secs(60),

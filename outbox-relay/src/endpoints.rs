@@ -1,7 +1,7 @@
 //! The relay's HTTP endpoints: `/metrics` (Prometheus), `/healthz` (the process is alive) and
 //! `/readyz` (its database and broker answer). Bound to 127.0.0.1 unless configured otherwise.
 
-use crate::Relay;
+use crate::relay::Relay;
 use axum::Router;
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -44,6 +44,7 @@ pub mod endpoints;
 mod error;
 pub mod failed;
 mod in_flight;
+mod message;
 pub mod metrics;
 mod ordering;
 mod outlet;

@@ -5,8 +5,8 @@
 //! `outbox.event.{aggregate_type}` as Debezium's outbox router does.
 
 use crate::cloudevents::CloudEvents;
+use crate::message::Message;
 use crate::row::OutboxRow;
-use crate::sink::Message;
 use seaorm_outbox::EventRegistration;
 use std::collections::HashMap;
 

@@ -32,12 +32,13 @@
 //! # }).unwrap();
 //! ```
 
+use crate::config::RelayConfig;
 use crate::error::SourceError;
 use crate::failed::ParkedEvent;
+use crate::relay::Relay;
 use crate::sink::Message;
 use crate::sink::memory::MemorySink;
 use crate::source::table::{Connection, OutboxTable};
-use crate::{Relay, RelayConfig};
 use seaorm_outbox::{Envelope, EnvelopeError};
 use std::time::Duration;
 use tokio::time::Instant;

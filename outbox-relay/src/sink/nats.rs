@@ -158,7 +158,10 @@ fn without_login(urls: &str) -> Result<(Vec<url::Url>, Option<Login>), SinkError
             format!("nats://{text}")
         };
         let mut server = url::Url::parse(&text).map_err(|e| {
-            SinkError::unavailable(format!("bad NATS URL {}: {e}", crate::redact_url(&text)))
+            SinkError::unavailable(format!(
+                "bad NATS URL {}: {e}",
+                crate::redact::redact_url(&text)
+            ))
         })?;
         if !server.username().is_empty() {
             login = Some(Login {

@@ -121,7 +121,7 @@ impl RabbitMqSink {
         let uri: lapin::uri::AMQPUri = self.config.url.expose().parse().map_err(|e| {
             SinkError::unavailable(format!(
                 "bad RabbitMQ URL {}: {e}",
-                crate::redact_url(self.config.url.expose())
+                crate::redact::redact_url(self.config.url.expose())
             ))
         })?;
         let tls = OwnedTLSConfig {

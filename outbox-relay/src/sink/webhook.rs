@@ -351,7 +351,7 @@ async fn send(
 fn without_url(e: &reqwest::Error) -> String {
     let mut text = e.to_string();
     if let Some(url) = e.url() {
-        text = text.replace(url.as_str(), &crate::redact_url(url.as_str()));
+        text = text.replace(url.as_str(), &crate::redact::redact_url(url.as_str()));
     }
     // The cause says what happened (refused, timed out, certificate).
     let mut source = std::error::Error::source(e);

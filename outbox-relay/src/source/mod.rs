@@ -123,7 +123,7 @@ impl Source for Opened {
 }
 
 /// Checks that the relay may publish the database's outbox tables from its configured source; see
-/// [`Relay::check_source`](crate::Relay::check_source).
+/// [`Relay::check_source`](crate::relay::Relay::check_source).
 pub(crate) async fn check(config: &RelayConfig) -> Result<(), SourceError> {
     let tables = &config.tables;
     if tables.is_empty() {
