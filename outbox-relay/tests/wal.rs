@@ -284,8 +284,9 @@ async fn a_poison_row_is_parked_and_retried_in_order() {
     assert_eq!(
         waiting_behind(&list, "m-bad"),
         "1",
-        "{list}\nrows: {}",
-        rows_state(&w).await
+        "{list}\nrows: {}\nthe relay's log:\n{}",
+        rows_state(&w).await,
+        relay.log()
     );
     assert_eq!(list.lines().count(), 2, "one parked event: {list}");
 
@@ -525,8 +526,9 @@ async fn failed_skip_skips_exactly_what_it_names_and_releases_the_rest_in_order(
     assert_eq!(
         readings_of(&received, "m-c"),
         [1, 2],
-        "{received:?}\nrows: {}",
-        rows_state(&w).await
+        "{received:?}\nrows: {}\nthe relay's log:\n{}",
+        rows_state(&w).await,
+        relay.log()
     );
     assert_eq!(received.len(), 7, "{received:?}");
     assert_eq!(
