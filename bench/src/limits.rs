@@ -75,23 +75,28 @@ pub async fn enqueue_all(
 ) -> Vec<DeliveryFuture> {
     let mut pending = Vec::with_capacity(keys.len());
     for (key, payload) in keys.iter().zip(payloads) {
-        let mut record = FutureRecord::to(topic)
+        let record = FutureRecord::to(topic)
             .key(key.as_bytes())
             .payload(payload.as_bytes());
-        loop {
-            match producer.send_result(record) {
-                Ok(delivery) => {
-                    pending.push(delivery);
-                    break;
-                }
-                Err((_, returned)) => {
-                    record = returned;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
+        pending.push(enqueue(producer, record).await);
+    }
+    pending
+}
+
+/// Hands `record` to the producer, waiting while its queue is full.
+pub async fn enqueue(
+    producer: &FutureProducer,
+    mut record: FutureRecord<'_, [u8], [u8]>,
+) -> DeliveryFuture {
+    loop {
+        match producer.send_result(record) {
+            Ok(delivery) => return delivery,
+            Err((_, returned)) => {
+                record = returned;
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
     }
-    pending
 }
 
 pub async fn acked(pending: Vec<DeliveryFuture>) {

@@ -1,11 +1,13 @@
 //! The relay on MariaDB (`--only mariadb`): drains against that backend's raw claim-and-mark SQL
-//! and its pipelined null pipeline, what `record` adds to a one-row transaction there and on
-//! PostgreSQL, and the latency at a fixed rate; all in the run that measures PostgreSQL.
+//! and its pipelined null pipeline (sending key and payload only, and again with the contract's
+//! headers), what `record` adds to a one-row transaction there and on PostgreSQL, and the latency
+//! at a fixed rate; all in the run that measures PostgreSQL.
 
 use crate::latency::{self, Percentiles};
-use crate::limits::{acked, enqueue_all, producer, send_all};
+use crate::limits::{acked, enqueue, enqueue_all, producer, send_all};
 use crate::record_cost;
-use rdkafka::producer::DeliveryFuture;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use seaorm_outbox_relay::sink::kafka::{KafkaConfig, KafkaSink};
 use seaorm_outbox_relay::{Mode, Relay, RelayConfig};
 use sqlx::mysql::{MySqlConnection, MySqlPool, MySqlPoolOptions};
@@ -15,25 +17,39 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// One batch size and mode: events/s of the raw SQL, the pipelined null pipeline and the relay,
-/// one of each per round (the three measured in turn, each round after the last).
+/// One batch size and mode: events/s of the raw SQL, the pipelined null pipeline (key and
+/// payload only, and again with the contract's headers) and the relay, one of each per round (the
+/// four measured in turn, each round after the last).
 pub struct DrainRow {
     pub batch: usize,
     pub mode: Mode,
     pub raw_sql: Vec<f64>,
     pub pipelined_null: Vec<f64>,
+    pub contract_null: Vec<f64>,
     pub relay: Vec<f64>,
 }
 
 impl DrainRow {
     /// Each round's relay / pipelined null, as measured side by side.
     fn ratios(&self) -> Vec<f64> {
-        self.relay
-            .iter()
-            .zip(&self.pipelined_null)
-            .map(|(relay, null)| relay / null)
-            .collect()
+        ratios(&self.relay, &self.pipelined_null)
     }
+
+    /// Each round's relay / pipelined null sending the contract's headers.
+    fn contract_ratios(&self) -> Vec<f64> {
+        ratios(&self.relay, &self.contract_null)
+    }
+}
+
+fn ratios(relay: &[f64], null: &[f64]) -> Vec<f64> {
+    relay.iter().zip(null).map(|(r, n)| r / n).collect()
+}
+
+/// The lowest and highest of `values`.
+fn range(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)))
 }
 
 /// The median of `values` (the upper one of an even count); 0 for none.
@@ -165,16 +181,33 @@ struct Batch {
     seqs: Vec<i64>,
     keys: Vec<String>,
     payloads: Vec<String>,
+    /// With [`Message::Contract`]: each event's contract headers, names and values.
+    headers: Vec<[(&'static str, String); 4]>,
+}
+
+/// What the null pipeline sends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Message {
+    /// The key and the payload: the least a broker can be sent.
+    Bare,
+    /// The key, the payload and the contract's four headers (`id`, `event_type`,
+    /// `aggregate_type`, `event_version`), read from the columns the relay reads them from:
+    /// what the relay sends, without the relay.
+    Contract,
 }
 
 /// The oldest unpublished rows through the all-NULL prefix of `outbox_unpublished` (schema
 /// version 4: the rows not published, parked, held or backing off, in `seq` order), skipping the
 /// `seq`s in `skip`, written into one text query as the relay writes its claim (the seqs checked
 /// in the index).
-async fn claim(conn: &mut MySqlConnection, batch: usize, skip: &[i64]) -> Batch {
+async fn claim(conn: &mut MySqlConnection, batch: usize, skip: &[i64], message: Message) -> Batch {
     let skip: String = skip.iter().map(|seq| format!(",{seq}")).collect();
+    let contract = match message {
+        Message::Bare => "",
+        Message::Contract => ", id, aggregate_type, event_type, event_version",
+    };
     let sql = format!(
-        "SELECT seq, aggregate_id, payload FROM outbox FORCE INDEX (outbox_unpublished)
+        "SELECT seq, aggregate_id, payload{contract} FROM outbox FORCE INDEX (outbox_unpublished)
          WHERE published_at IS NULL AND parked_at IS NULL AND held_at IS NULL
            AND retry_at IS NULL AND seq NOT IN (0{skip})
          ORDER BY seq LIMIT {batch}"
@@ -188,6 +221,16 @@ async fn claim(conn: &mut MySqlConnection, batch: usize, skip: &[i64]) -> Batch 
         claimed.seqs.push(r.get(0));
         claimed.keys.push(r.get(1));
         claimed.payloads.push(r.get(2));
+        if message == Message::Contract {
+            let version: i32 = r.get(6);
+            let headers = [
+                ("id", r.get(3)),
+                ("event_type", r.get(5)),
+                ("aggregate_type", r.get(4)),
+                ("event_version", version.to_string()),
+            ];
+            claimed.headers.push(headers);
+        }
     }
     claimed
 }
@@ -217,7 +260,7 @@ async fn raw_sql(db: &Db, events: usize, batch: usize, mode: Mode) -> f64 {
     let mut conn = db.pool.acquire().await.unwrap();
     let started = Instant::now();
     loop {
-        let claimed = claim(&mut conn, batch, &[]).await;
+        let claimed = claim(&mut conn, batch, &[], Message::Bare).await;
         if claimed.seqs.is_empty() {
             break;
         }
@@ -234,6 +277,7 @@ async fn pipelined_null_pipeline(
     events: usize,
     batch: usize,
     mode: Mode,
+    message: Message,
 ) -> f64 {
     let producer = producer(brokers);
     let topic = format!("bench-null-{}", Uuid::now_v7().simple());
@@ -246,7 +290,7 @@ async fn pipelined_null_pipeline(
             .as_ref()
             .map(|(b, _)| b.seqs.clone())
             .unwrap_or_default();
-        let claimed = claim(&mut conn, batch, &skip).await;
+        let claimed = claim(&mut conn, batch, &skip, message).await;
         let answered = match in_flight.take() {
             Some((sent, pending)) => {
                 acked(pending).await;
@@ -258,7 +302,12 @@ async fn pipelined_null_pipeline(
             break;
         }
         if !claimed.seqs.is_empty() {
-            let pending = enqueue_all(&producer, &topic, &claimed.keys, &claimed.payloads).await;
+            let pending = match message {
+                Message::Bare => {
+                    enqueue_all(&producer, &topic, &claimed.keys, &claimed.payloads).await
+                }
+                Message::Contract => enqueue_with_headers(&producer, &topic, &claimed).await,
+            };
             in_flight = Some((claimed, pending));
         }
         if let Some(sent) = answered {
@@ -266,6 +315,34 @@ async fn pipelined_null_pipeline(
         }
     }
     events as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Hands a claimed batch to the producer with each event's headers, as `enqueue_all` does
+/// without them.
+async fn enqueue_with_headers(
+    producer: &FutureProducer,
+    topic: &str,
+    batch: &Batch,
+) -> Vec<DeliveryFuture> {
+    let mut pending = Vec::with_capacity(batch.keys.len());
+    for ((key, payload), headers) in batch.keys.iter().zip(&batch.payloads).zip(&batch.headers) {
+        // Built at enqueue, as the relay's sink builds them.
+        let headers = headers.iter().fold(
+            OwnedHeaders::new_with_capacity(headers.len()),
+            |all, (key, value)| {
+                all.insert(Header {
+                    key,
+                    value: Some(value),
+                })
+            },
+        );
+        let record = FutureRecord::to(topic)
+            .key(key.as_bytes())
+            .payload(payload.as_bytes())
+            .headers(headers);
+        pending.push(enqueue(producer, record).await);
+    }
+    pending
 }
 
 /// The relay (in process, as the PostgreSQL drains) draining the backlog: events/s.
@@ -313,17 +390,37 @@ pub async fn measure(
                 mode,
                 raw_sql: Vec::new(),
                 pipelined_null: Vec::new(),
+                contract_null: Vec::new(),
                 relay: Vec::new(),
             };
             for _ in 0..rounds {
-                for step in 0..3 {
+                for step in 0..4 {
                     let db = fresh(admin_url, &mut created).await;
                     fill(&db, events, aggregates).await;
                     match step {
                         0 => row.raw_sql.push(raw_sql(&db, events, batch, mode).await),
-                        1 => row
-                            .pipelined_null
-                            .push(pipelined_null_pipeline(&db, brokers, events, batch, mode).await),
+                        1 => row.pipelined_null.push(
+                            pipelined_null_pipeline(
+                                &db,
+                                brokers,
+                                events,
+                                batch,
+                                mode,
+                                Message::Bare,
+                            )
+                            .await,
+                        ),
+                        2 => row.contract_null.push(
+                            pipelined_null_pipeline(
+                                &db,
+                                brokers,
+                                events,
+                                batch,
+                                mode,
+                                Message::Contract,
+                            )
+                            .await,
+                        ),
                         _ => row
                             .relay
                             .push(relay_drain(&db, brokers, events, batch, mode).await),
@@ -394,26 +491,26 @@ impl Measured {
         );
         let _ = writeln!(
             out,
-            "| batch | mode | raw SQL rows/s | pipelined null pipeline | relay events/s | relay / pipelined null | its range |"
+            "| batch | mode | raw SQL rows/s | pipelined null pipeline | the same with the contract's headers | relay events/s | relay / pipelined null | its range | relay / null with headers | its range |"
         );
-        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---|");
+        let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---|---:|---|");
         for d in &self.drains {
             let mode = match d.mode {
                 Mode::Mark => "mark",
                 Mode::Delete => "delete",
             };
-            let ratios = d.ratios();
-            let (low, high) = ratios
-                .iter()
-                .fold((f64::MAX, f64::MIN), |(l, h), r| (l.min(*r), h.max(*r)));
+            let (ratios, contract) = (d.ratios(), d.contract_ratios());
+            let ((low, high), (c_low, c_high)) = (range(&ratios), range(&contract));
             let _ = writeln!(
                 out,
-                "| {} | {mode} | {:.0} | {:.0} | {:.0} | {:.2} | {low:.2}-{high:.2} |",
+                "| {} | {mode} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {low:.2}-{high:.2} | {:.2} | {c_low:.2}-{c_high:.2} |",
                 d.batch,
                 median(&d.raw_sql),
                 median(&d.pipelined_null),
+                median(&d.contract_null),
                 median(&d.relay),
                 median(&ratios),
+                median(&contract),
             );
         }
         let _ = writeln!(
@@ -468,8 +565,10 @@ impl Measured {
             "drain": self.drains.iter().map(|d| serde_json::json!({
                 "batch": d.batch,
                 "mode": match d.mode { Mode::Mark => "mark", Mode::Delete => "delete" },
-                "raw_sql": d.raw_sql, "pipelined_null_pipeline": d.pipelined_null, "relay": d.relay,
+                "raw_sql": d.raw_sql, "pipelined_null_pipeline": d.pipelined_null,
+                "pipelined_null_pipeline_with_headers": d.contract_null, "relay": d.relay,
                 "relay_to_pipelined_null": d.ratios(),
+                "relay_to_pipelined_null_with_headers": d.contract_ratios(),
             })).collect::<Vec<_>>(),
             "record_cost_us": self.record_cost.iter().map(|(case, m, p)| serde_json::json!({
                 "transaction": case, "mariadb": m, "postgres": p,

@@ -50,6 +50,16 @@ fn the_benchmark_harness_runs_end_to_end() {
     );
     assert!(results["relay_binary"]["peak_rss_mib"].as_f64().unwrap() > 0.0);
     assert!(results["pulsar"]["relay"].as_f64().unwrap() > 0.0);
+    // MariaDB: the relay and both null pipelines (bare, and with the contract's headers) drained.
+    let mariadb = &results["mariadb"]["drain"][0];
+    for run in [
+        "raw_sql",
+        "pipelined_null_pipeline",
+        "pipelined_null_pipeline_with_headers",
+        "relay",
+    ] {
+        assert!(mariadb[run][0].as_f64().unwrap() > 0.0, "{run}: {mariadb}");
+    }
     // NATS, RabbitMQ and SQS: each raw client and the relay (mark and delete mode) drained, with
     // the CPU the publisher, PostgreSQL and the broker used (a few clock ticks in a smoke run, so
     // only their presence is asserted: the broker's is missing when its process is not found).
