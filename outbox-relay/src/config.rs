@@ -15,7 +15,8 @@ pub(crate) fn backoff(max: Duration) -> impl Iterator<Item = Duration> + Send + 
         .build()
 }
 
-/// How a [`Relay`](crate::relay::Relay) runs. Start from [`RelayConfig::new`] and change what you need.
+/// How a [`Relay`](crate::relay::Relay) runs. Start from [`RelayConfig::new`] and change what you
+/// need.
 ///
 /// ```
 /// use seaorm_outbox_relay::{Mode, RelayConfig};

@@ -1,6 +1,7 @@
 //! Why the relay cannot publish from its source: decided by kind, not by text.
 
-/// Why [`Relay::check_source`](crate::relay::Relay::check_source) found the relay cannot publish now.
+/// Why [`Relay::check_source`](crate::relay::Relay::check_source) found the relay cannot publish
+/// now.
 ///
 /// ```
 /// use seaorm_outbox_relay::SourceError;
