@@ -311,8 +311,9 @@ async fn a_poison_row_is_parked_and_retried_in_order() {
     w.drop_slot().await;
 }
 
-/// The WAL source prunes rows by the age of their UUIDv7 ids (`--retention`), keeping parked and
-/// held rows and those within the window; every event was published from the WAL all the same.
+/// The WAL source prunes rows by age (`--retention`: their UUIDv7 ids and `created_at`), keeping
+/// parked and held rows and those within the window, whatever their ids; every event was published
+/// from the WAL all the same.
 #[tokio::test]
 async fn the_wal_source_prunes_old_rows_but_keeps_parked_and_held_ones() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -326,26 +327,32 @@ async fn the_wal_source_prunes_old_rows_but_keeps_parked_and_held_ones() {
         .as_secs();
     let old_id =
         |n: u64| uuid::Uuid::new_v7(uuid::Timestamp::from_unix(uuid::NoContext, seconds + n, 0));
-    let row = |id: uuid::Uuid, meter: &str, n: u64, headers: &str| {
+    // Each row created when its id was made, as `record` makes both.
+    let row = |id: uuid::Uuid, created: &str, meter: &str, n: u64, headers: &str| {
         format!(
-            "('{id}', 'meter', '{meter}', 'Reading', '{{\"meter\": \"{meter}\", \"n\": {n}}}', {headers})"
+            "('{id}', {created}, 'meter', '{meter}', 'Reading', '{{\"meter\": \"{meter}\", \"n\": {n}}}', {headers})"
         )
     };
+    let two_days_ago = format!("to_timestamp({seconds})");
     let mut values: Vec<String> = (0..300)
-        .map(|n| row(old_id(n), "m-old", n, "NULL"))
+        .map(|n| row(old_id(n), &two_days_ago, "m-old", n, "NULL"))
         .collect();
     // m-bad's first event can never be published: parked, and its second held behind it.
-    values.push(row(old_id(300), "m-bad", 0, "'[1]'"));
-    values.push(row(old_id(301), "m-bad", 1, "NULL"));
-    values.extend((0..10).map(|n| row(uuid::Uuid::now_v7(), "m-new", n, "NULL")));
+    values.push(row(old_id(300), &two_days_ago, "m-bad", 0, "'[1]'"));
+    values.push(row(old_id(301), &two_days_ago, "m-bad", 1, "NULL"));
+    values.extend((0..10).map(|n| row(uuid::Uuid::now_v7(), "now()", "m-new", n, "NULL")));
+    // Another writer's random (version 4) UUID that sorts below every UUIDv7 of the last two
+    // days: a young row all the same.
+    let low_v4 = uuid::Uuid::parse_str("00000000-0000-4000-8000-000000000001").unwrap();
+    values.push(row(low_v4, "now()", "m-v4", 0, "NULL"));
     w.f.db
         .execute_unprepared(&format!(
-            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES {}",
+            "INSERT INTO outbox (id, created_at, aggregate_type, aggregate_id, event_type, payload, headers) VALUES {}",
             values.join(", ")
         ))
         .await
         .unwrap();
-    let received = consume(&[&w.f.topic("meter")], 310, Duration::from_secs(60)).await;
+    let received = consume(&[&w.f.topic("meter")], 311, Duration::from_secs(60)).await;
     assert_eq!(
         readings_of(&received, "m-old"),
         (0..300).collect::<Vec<_>>()
@@ -358,10 +365,10 @@ async fn the_wal_source_prunes_old_rows_but_keeps_parked_and_held_ones() {
     )
     .await;
     assert_eq!(
-        w.f.scalar("SELECT count(*) FROM outbox WHERE aggregate_id = 'm-new'")
+        w.f.scalar("SELECT count(*) FROM outbox WHERE aggregate_id IN ('m-new', 'm-v4')")
             .await,
-        10,
-        "rows within the retention window stay"
+        11,
+        "rows within the retention window stay, whatever their ids"
     );
     assert_eq!(
         w.f.scalar(

@@ -290,12 +290,16 @@ DELETE FROM outbox WHERE id IN (
     SELECT id FROM outbox WHERE published_at < now() - make_interval(secs => $1)
     ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
 
-/// The WAL source's pruning: deletes up to `$2` rows whose UUIDv7 id is below `$1`, through the
-/// primary key, keeping parked and held rows.
+/// The WAL source's pruning: deletes up to `$2` rows whose UUIDv7 id is below `$1` and which were
+/// created before `$3`, through the primary key, keeping parked and held rows. The id finds the
+/// old rows in the index; `created_at` keeps a young row whose id is not a UUIDv7 (another
+/// writer's random UUID) and sorts low. The delete checks parked and held again: a row the
+/// source parks or holds while the pruner picks it stays.
 pub(super) const PRUNE_READ: &str = "
 DELETE FROM outbox WHERE id IN (
-    SELECT id FROM outbox WHERE id < $1 AND parked_at IS NULL AND held_at IS NULL
-    ORDER BY id LIMIT $2)";
+    SELECT id FROM outbox WHERE id < $1 AND created_at < $3 AND parked_at IS NULL AND held_at IS NULL
+    ORDER BY id LIMIT $2)
+  AND parked_at IS NULL AND held_at IS NULL";
 
 /// The backlog, the parked events, the held ones, and the age in seconds of the oldest
 /// unpublished one.

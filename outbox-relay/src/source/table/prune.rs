@@ -40,10 +40,10 @@ pub async fn prune(
 pub(crate) enum Pruned {
     /// The polling source's: rows marked published before the retention window.
     Published,
-    /// The WAL source's: rows whose UUIDv7 id is older than the retention window, through the
-    /// primary key. The WAL source never marks rows, and its events live in the WAL whatever
-    /// becomes of the row, so pruning goes by age alone; parked and held rows stay (they are what
-    /// a release sends).
+    /// The WAL source's: rows whose UUIDv7 id and `created_at` are older than the retention
+    /// window, found through the primary key. The WAL source never marks rows, and its events
+    /// live in the WAL whatever becomes of the row, so pruning goes by age alone; parked and held
+    /// rows stay (they are what a release sends).
     Read,
 }
 
@@ -82,7 +82,9 @@ async fn prune_on(
             (None, Pruned::Published) => table.delete_published(retention, PRUNE_BATCH).await?,
             (None, Pruned::Read) => {
                 let below = uuid_v7_floor(cutoff_ms.max(0));
-                table.delete_read(below, PRUNE_BATCH).await?
+                let cutoff = chrono::DateTime::from_timestamp_millis(cutoff_ms)
+                    .unwrap_or(chrono::DateTime::UNIX_EPOCH);
+                table.delete_read(below, cutoff, PRUNE_BATCH).await?
             }
         };
         total += deleted;
