@@ -414,6 +414,55 @@ async fn a_retried_event_goes_out_before_a_later_one_committed_behind_it() {
     w.drop_slot().await;
 }
 
+/// A row pruned before the relay read its insert (a backlog older than `--retention`), then
+/// parked: it comes back into the table under its own `seq`, ahead of its aggregate's later events
+/// held there, so they wait behind it and the retry sends them in order. (It once came back under a
+/// new `seq`, behind them: the list showed nothing waiting, and the retry sent them first.)
+#[tokio::test]
+async fn a_row_pruned_before_it_was_parked_keeps_its_place_ahead_of_its_aggregates_later_events() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let w = WalFixture::new().await;
+    let mut relay = w.spawn_relay(&[]);
+    w.wait_for_slot().await;
+    assert_eq!(common::terminate(&mut relay), Some(0));
+
+    // While no relay reads: m-x's poison event and the next, the first's row then pruned (its
+    // insert stays in the WAL).
+    insert(&w, "m-x", 0, "'[1]'").await;
+    insert(&w, "m-x", 1, "NULL").await;
+    let first_seq =
+        w.f.scalar("SELECT min(seq) FROM outbox WHERE aggregate_id = 'm-x'")
+            .await;
+    w.f.db
+        .execute_unprepared(&format!("DELETE FROM outbox WHERE seq = {first_seq}"))
+        .await
+        .unwrap();
+    insert(&w, "m-ok", 2, "NULL").await;
+    let mut relay = w.spawn_relay(&[]);
+    consume(&[&w.f.topic("meter")], 1, Duration::from_secs(60)).await;
+    w.wait_until_confirmed(Duration::from_secs(30)).await;
+    assert_eq!(
+        w.f.scalar("SELECT seq FROM outbox WHERE aggregate_id = 'm-x' AND parked_at IS NOT NULL")
+            .await,
+        first_seq,
+        "rows: {}",
+        rows_state(&w).await
+    );
+    let list = w.failed(&["list"]);
+    assert_eq!(waiting_behind(&list, "m-x"), "1", "{list}");
+
+    w.f.db
+        .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-x'")
+        .await
+        .unwrap();
+    let retried = w.failed(&["retry", "--all"]);
+    assert!(retried.contains("1 events will be retried"), "{retried}");
+    let received = consume(&[&w.f.topic("meter")], 3, Duration::from_secs(60)).await;
+    assert_eq!(readings_of(&received, "m-x"), [0, 1], "{received:?}");
+    assert_eq!(common::terminate(&mut relay), Some(0));
+    w.drop_slot().await;
+}
+
 /// `failed retry --id` of one of an aggregate's two parked events: it stays behind the earlier
 /// parked one, with what is held, and all go out in order once that one is retried too.
 #[tokio::test]

@@ -113,15 +113,20 @@ pub(super) async fn keep(
                         aggregate_id = %row.aggregate_id, "holding an event behind a parked one");
     }
     // A table-less event's bytes are all in `recorded`: `payload` (jsonb) and `headers` may not
-    // hold them as they are. A table row exists already; its values only matter if it was pruned.
+    // hold them as they are. A table row exists already; its values only matter if it was pruned,
+    // and then it comes back under its own `seq` ($11): a release sends an aggregate's kept
+    // events in `seq` order, so a new one would put it behind the events recorded after it.
     let table_row = row.recorded.is_none();
     let payload = (table_row && !row.payload.is_empty())
         .then(|| String::from_utf8_lossy(&row.payload).into_owned());
     let headers = row.headers.as_deref().filter(|_| table_row);
+    let seq = (table_row && row.seq >= 0).then_some(row.seq);
     sqlx::query(
-        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, event_version, topic,
+        "INSERT INTO outbox (seq, id, aggregate_type, aggregate_id, event_type, event_version, topic,
                              payload, headers, recorded, attempts, last_error, parked_at, held_at)
-         VALUES ($1, $2, $3, $4, $5, $6, COALESCE($7::jsonb, 'null'::jsonb), $8::jsonb, $9,
+         OVERRIDING SYSTEM VALUE
+         VALUES (COALESCE($11::int8, nextval(pg_get_serial_sequence('outbox', 'seq'))),
+                 $1, $2, $3, $4, $5, $6, COALESCE($7::jsonb, 'null'::jsonb), $8::jsonb, $9,
                  CASE WHEN $10::text IS NULL THEN 0 ELSE 1 END, $10,
                  CASE WHEN $10::text IS NOT NULL THEN now() END,
                  CASE WHEN $10::text IS NULL THEN now() END)
@@ -140,6 +145,7 @@ pub(super) async fn keep(
     .bind(headers)
     .bind(row.recorded.as_deref())
     .bind(reason)
+    .bind(seq)
     .execute(db)
     .await?;
     Ok(())
