@@ -397,30 +397,13 @@ pub async fn measure(
                 for step in 0..4 {
                     let db = fresh(admin_url, &mut created).await;
                     fill(&db, events, aggregates).await;
+                    let null = |message| {
+                        pipelined_null_pipeline(&db, brokers, events, batch, mode, message)
+                    };
                     match step {
                         0 => row.raw_sql.push(raw_sql(&db, events, batch, mode).await),
-                        1 => row.pipelined_null.push(
-                            pipelined_null_pipeline(
-                                &db,
-                                brokers,
-                                events,
-                                batch,
-                                mode,
-                                Message::Bare,
-                            )
-                            .await,
-                        ),
-                        2 => row.contract_null.push(
-                            pipelined_null_pipeline(
-                                &db,
-                                brokers,
-                                events,
-                                batch,
-                                mode,
-                                Message::Contract,
-                            )
-                            .await,
-                        ),
+                        1 => row.pipelined_null.push(null(Message::Bare).await),
+                        2 => row.contract_null.push(null(Message::Contract).await),
                         _ => row
                             .relay
                             .push(relay_drain(&db, brokers, events, batch, mode).await),

@@ -34,6 +34,16 @@ async fn insert(w: &WalFixture, meter: &str, n: u64, headers: &str) {
         .unwrap();
 }
 
+/// Mends `meter`'s rows: headers that are a JSON object (none), so a retry can publish them.
+async fn mend(w: &WalFixture, meter: &str) {
+    w.f.db
+        .execute_unprepared(&format!(
+            "UPDATE outbox SET headers = NULL WHERE aggregate_id = '{meter}'"
+        ))
+        .await
+        .unwrap();
+}
+
 /// Each row's seq, aggregate and state (parked, held, published), for a failure's message.
 async fn rows_state(w: &WalFixture) -> String {
     let rows =
@@ -291,10 +301,7 @@ async fn a_poison_row_is_parked_and_retried_in_order() {
     assert_eq!(list.lines().count(), 2, "one parked event: {list}");
 
     // Fix the row, retry: both go out, in their order.
-    w.f.db
-        .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-bad'")
-        .await
-        .unwrap();
+    mend(&w, "m-bad").await;
     let retried = w.failed(&["retry", "--all"]);
     assert!(retried.contains("1 events will be retried"), "{retried}");
     let received = consume(&[&w.f.topic("meter")], 3, Duration::from_secs(60)).await;
@@ -399,10 +406,7 @@ async fn a_retried_event_goes_out_before_a_later_one_committed_behind_it() {
     assert_eq!(common::terminate(&mut relay), Some(0));
 
     insert(&w, "m-bad", 2, "NULL").await;
-    w.f.db
-        .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-bad'")
-        .await
-        .unwrap();
+    mend(&w, "m-bad").await;
     let retried = w.failed(&["retry", "--aggregate", "meter:m-bad"]);
     assert!(retried.contains("1 events will be retried"), "{retried}");
     let mut relay = w.spawn_relay(&[]);
@@ -451,10 +455,7 @@ async fn a_row_pruned_before_it_was_parked_keeps_its_place_ahead_of_its_aggregat
     let list = w.failed(&["list"]);
     assert_eq!(waiting_behind(&list, "m-x"), "1", "{list}");
 
-    w.f.db
-        .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-x'")
-        .await
-        .unwrap();
+    mend(&w, "m-x").await;
     let retried = w.failed(&["retry", "--all"]);
     assert!(retried.contains("1 events will be retried"), "{retried}");
     let received = consume(&[&w.f.topic("meter")], 3, Duration::from_secs(60)).await;
@@ -483,10 +484,7 @@ async fn retrying_one_of_an_aggregates_parked_events_keeps_it_behind_the_earlier
     let mut relay = w.spawn_relay(&[]);
     w.wait_until_reading().await;
     insert(&w, "m-x", 4, "NULL").await;
-    w.f.db
-        .execute_unprepared("UPDATE outbox SET headers = NULL WHERE aggregate_id = 'm-x'")
-        .await
-        .unwrap();
+    mend(&w, "m-x").await;
     let id_of = |n: u64| {
         let db = w.f.db.clone();
         async move {

@@ -483,17 +483,18 @@ impl OutboxTable {
         Ok(done)
     }
 
-    /// Deletes up to `limit` rows (not parked, not held) whose id is below `below` and which were
-    /// created before `cutoff`: the WAL source's pruning, PostgreSQL only (0 on SQLite).
+    /// Deletes up to `limit` rows (not parked, not held) made before `cutoff`: their UUIDv7 id
+    /// and their `created_at` both older. The WAL source's pruning, PostgreSQL only (0 on
+    /// SQLite).
     pub async fn delete_read(
         &mut self,
-        below: uuid::Uuid,
         cutoff: chrono::DateTime<chrono::Utc>,
         limit: i64,
     ) -> Result<u64, sqlx::Error> {
         let Connection::Postgres(conn) = &mut self.conn else {
             return Ok(0);
         };
+        let below = prune::uuid_v7_floor(cutoff.timestamp_millis().max(0));
         let query = sqlx::query(on(&self.name, postgres::PRUNE_READ, Backend::Postgres))
             .bind(below)
             .bind(limit)

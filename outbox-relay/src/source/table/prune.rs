@@ -64,8 +64,11 @@ async fn prune_on(
     let (Some(pruned), Some(retention)) = (pruned, retention) else {
         return Ok(0);
     };
-    let cutoff_ms = chrono::Utc::now().timestamp_millis()
-        - i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+    // A retention past what a date can hold keeps everything.
+    let cutoff = chrono::TimeDelta::from_std(retention)
+        .ok()
+        .and_then(|retention| chrono::Utc::now().checked_sub_signed(retention))
+        .unwrap_or(chrono::DateTime::UNIX_EPOCH);
     let mut total = 0;
     loop {
         let deleted = match (&partitioned, pruned) {
@@ -80,12 +83,7 @@ async fn prune_on(
             // The WAL source refuses a partitioned table.
             (Some(_), Pruned::Read) => 0,
             (None, Pruned::Published) => table.delete_published(retention, PRUNE_BATCH).await?,
-            (None, Pruned::Read) => {
-                let below = uuid_v7_floor(cutoff_ms.max(0));
-                let cutoff = chrono::DateTime::from_timestamp_millis(cutoff_ms)
-                    .unwrap_or(chrono::DateTime::UNIX_EPOCH);
-                table.delete_read(below, cutoff, PRUNE_BATCH).await?
-            }
+            (None, Pruned::Read) => table.delete_read(cutoff, PRUNE_BATCH).await?,
         };
         total += deleted;
         if deleted < PRUNE_BATCH as u64 {
@@ -118,7 +116,7 @@ pub(crate) async fn prune_periodically(
 }
 
 /// The smallest UUIDv7 of millisecond `ms`: every v7 id made before it sorts below it.
-fn uuid_v7_floor(ms: i64) -> uuid::Uuid {
+pub(super) fn uuid_v7_floor(ms: i64) -> uuid::Uuid {
     let ms = u128::from(u64::try_from(ms).unwrap_or(0) & 0xFFFF_FFFF_FFFF);
     uuid::Uuid::from_u128((ms << 80) | (0x7 << 76) | (0x2 << 62))
 }
